@@ -1,0 +1,56 @@
+"""The evaluation transform on decoded images (PIL + NumPy, torch-free)."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from .schema import Preprocess
+
+_RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
+
+
+def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Image:
+    """Resize so the shorter side is ``size`` (torchvision's Resize(int) rounding)."""
+    w, h = img.size
+    if min(w, h) == size:
+        return img
+    if w <= h:
+        nw, nh = size, int(size * h / w)
+    else:
+        nw, nh = int(size * w / h), size
+    return img.resize((nw, nh), _RESAMPLE[interpolation])
+
+
+def center_crop(img: Image.Image, size: int) -> Image.Image:
+    """Center crop to size x size (torchvision's CenterCrop rounding)."""
+    w, h = img.size
+    top = int(round((h - size) / 2.0))
+    left = int(round((w - size) / 2.0))
+    return img.crop((left, top, left + size, top + size))
+
+
+def _maybe_invert(arr: np.ndarray, mode: str) -> np.ndarray:
+    if mode == "always":
+        return 1.0 - arr
+    if mode == "auto":
+        border = np.concatenate([arr[:, 0], arr[:, -1], arr[:, :, 0], arr[:, :, -1]], axis=1).mean()
+        h, w = arr.shape[1:]
+        centre = arr[:, h // 4: h - h // 4, w // 4: w - w // 4].mean()
+        if border > centre:
+            return 1.0 - arr
+    return arr
+
+
+def preprocess_image(img: Image.Image, pp: Preprocess) -> np.ndarray:
+    """Decoded RGB image -> float32 (3, crop, crop) normalised array."""
+    if pp.grayscale:
+        img = img.convert("L").convert("RGB")
+    elif img.mode != "RGB":
+        img = img.convert("RGB")
+    img = center_crop(resize_shorter(img, pp.resize, pp.interpolation), pp.crop)
+    arr = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
+    arr = _maybe_invert(arr, pp.invert)
+    mean = np.asarray(pp.mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(pp.std, dtype=np.float32)[:, None, None]
+    return np.ascontiguousarray((arr - mean) / std, dtype=np.float32)

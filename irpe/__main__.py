@@ -1,0 +1,3 @@
+from irpe.cli import main
+
+raise SystemExit(main())

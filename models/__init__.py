@@ -1,0 +1,14 @@
+"""iRPE DeiT models: bucket tables, RPE modules, the registry and safe checkpoint loading."""
+
+from .buckets import bucket_ids, num_buckets, piecewise_index
+from .checkpoint import CheckpointError, CheckpointInfo, load_checkpoint, load_checkpoint_with_info, read_checkpoint
+from .deit import ViTConfig, VisionTransformer
+from .infer import InferenceError, infer_config
+from .registry import create_model, get_config, list_models
+from .rpe import RPEConfig
+
+__all__ = [
+    "CheckpointError", "CheckpointInfo", "InferenceError", "RPEConfig", "ViTConfig", "VisionTransformer",
+    "bucket_ids", "create_model", "get_config", "infer_config", "list_models", "load_checkpoint",
+    "load_checkpoint_with_info", "num_buckets", "piecewise_index", "read_checkpoint",
+]
