@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 
-class CLIError(Exception):
-    """A user error: printed as one line naming the fix, exit code 2."""
+from irpe.commands import CLIError, USER_ERRORS
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -24,14 +24,16 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_models)
 
 
-# Each entry adds one subcommand; later modules append their adders here.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models]
+def _subcommands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    from irpe.commands import bench, export, serve, train
+
+    return [_add_models, export.add, train.add, serve.add, bench.add]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="irpe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in SUBCOMMANDS:
+    for add in _subcommands():
         add(sub)
     return parser
 
@@ -40,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except CLIError as e:
+    except USER_ERRORS as e:
+        if os.environ.get("IRPE_DEBUG"):
+            raise
         print(f"irpe {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

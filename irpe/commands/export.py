@@ -1,0 +1,44 @@
+"""``irpe export``: checkpoint -> artifact directory (ONNX, model.json, TensorRT plan, Triton repo)."""
+
+from __future__ import annotations
+
+import argparse
+
+from irpe.commands import CLIError
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a checkpoint to ONNX / TensorRT / a Triton repository")
+    p.add_argument("checkpoint")
+    p.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    p.add_argument("--model", help="registered variant name (default: from the checkpoint)")
+    add_model_overrides(p)
+    p.add_argument("--format", default="onnx", help="comma list of onnx, tensorrt, triton")
+    p.add_argument("--rpe-plugin", action="store_true", help="emit irpe::RPEIndex plugin ops")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--fp16", action="store_true")
+    p.set_defaults(func=run)
+
+
+def add_model_overrides(p: argparse.ArgumentParser) -> None:
+    """The create_model overrides, shared by export, train and classify."""
+    p.add_argument("--img-size", type=int)
+    p.add_argument("--num-classes", type=int)
+    p.add_argument("--rpe-on", help='"" or any of q, k, v combined, e.g. qkv')
+    p.add_argument("--rpe-method", choices=["euc", "quant", "cross", "product"])
+    p.add_argument("--rpe-mode", choices=["bias", "ctx"])
+    p.add_argument("--rpe-ratio", type=float)
+    p.add_argument("--rpe-unshared", action="store_true", help="one table per head")
+
+
+def model_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """create_model keyword overrides from parsed args (None values dropped)."""
+    out = {"img_size": args.img_size, "num_classes": args.num_classes, "rpe_on": args.rpe_on,
+           "rpe_method": args.rpe_method, "rpe_mode": args.rpe_mode, "rpe_ratio": args.rpe_ratio,
+           "rpe_shared": False if args.rpe_unshared else None}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    raise CLIError("export is not built yet")

@@ -1,0 +1,1 @@
+"""irpe.training: train iRPE DeiT (digits builtin or ImageFolder), visualise bucket maps."""
