@@ -7,8 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-
-from irpe.commands import CLIError, USER_ERRORS
+from irpe.commands import USER_ERRORS
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 from .buckets import bucket_ids, num_buckets, piecewise_index
 from .checkpoint import CheckpointError, CheckpointInfo, load_checkpoint, load_checkpoint_with_info, read_checkpoint
-from .deit import ViTConfig, VisionTransformer
+from .deit import VisionTransformer, ViTConfig
 from .infer import InferenceError, infer_config
 from .registry import create_model, get_config, list_models
 from .rpe import RPEConfig

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .deit import ViTConfig, VisionTransformer
+from .deit import VisionTransformer, ViTConfig
 from .infer import infer_config
 from .registry import get_config, list_models
 

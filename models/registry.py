@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from .deit import ViTConfig, VisionTransformer
+from .deit import VisionTransformer, ViTConfig
 from .rpe import RPEConfig
 
 _SIZES = {"micro": (64, 4, 4), "tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12)}

@@ -41,4 +41,13 @@ def model_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    raise CLIError("export is not built yet")
+    """Export, print where the artifact went; library errors become one-line CLI errors (exit 2)."""
+    from irpe.export import export_artifact
+
+    if args.max_batch < 1:
+        raise CLIError(f"--max-batch must be >= 1, got {args.max_batch}")
+    out = export_artifact(args.checkpoint, args.output, name=args.model, overrides=model_overrides(args),
+                          formats=args.format, rpe_plugin=args.rpe_plugin, opset=args.opset,
+                          max_batch=args.max_batch, fp16=args.fp16, progress=True)
+    print(out / "model.json")
+    return 0

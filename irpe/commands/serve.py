@@ -1,9 +1,94 @@
-"""``irpe serve`` and ``irpe classify``."""
+"""``irpe serve`` (HTTP server) and ``irpe classify`` (local, no server)."""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
+
+from irpe.commands import CLIError
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    """Registers nothing yet (the serving issue adds serve and classify)."""
+    """Register ``serve`` and ``classify``."""
+    _add_serve(sub)
+    _add_classify(sub)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve an artifact over HTTP (/classify, KServe v2, metrics, demo page)",
+                       description="Every option can also be set as an IRPE_* environment variable "
+                       "(e.g. IRPE_MAX_BATCH=16, IRPE_API_KEY=secret); flags win over variables.")
+    p.add_argument("artifact_dir", nargs="?", help="directory with model.json (or IRPE_ARTIFACT_DIR)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt"])
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--max-batch", type=int, help="images per inference call (default 16)")
+    p.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill (default 5)")
+    p.add_argument("--max-queue", type=int, help="queued images before 503 (default 256)")
+    p.add_argument("--workers", type=int, help="uvicorn worker processes, one model each (default 1)")
+    p.add_argument("--decode-threads", type=int, help="image decoding threads (default: CPU count)")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: CPU count)")
+    p.add_argument("--max-body-mb", type=float, help="request body limit in MB (default 20)")
+    p.add_argument("--max-pixels", type=lambda s: int(float(s)), help="pixel limit per image (default 40e6)")
+    p.add_argument("--timeout-s", type=float, help="per-request deadline, 504 after (default 30)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from irpe.artifact import load_artifact
+    from irpe.server.app import serve
+    from irpe.server.config import Settings
+
+    keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
+            "decode_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level"]
+    settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
+    load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
+    serve(settings)
+    return 0
+
+
+def _add_classify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("classify", help="classify image files locally (no server) and print a table")
+    p.add_argument("images", nargs="+")
+    p.add_argument("--model", required=True, help="artifact directory, or a checkpoint to export first")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt"], default="auto")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.set_defaults(func=run_classify)
+
+
+def run_classify(args: argparse.Namespace) -> int:
+    model = Path(args.model)
+    if not model.exists():
+        raise CLIError(f"--model {model}: no such file or directory")
+    missing = [p for p in args.images if not Path(p).is_file()]
+    if missing:
+        raise CLIError(f"image file(s) not found: {missing}")
+    if args.top_k < 1:
+        raise CLIError("--top-k must be at least 1")
+    if model.is_dir():
+        return _classify(args, model)
+    from irpe.export import export_artifact  # checkpoint: export to a temporary artifact first
+
+    with tempfile.TemporaryDirectory(prefix="irpe-classify-") as tmp:
+        return _classify(args, Path(export_artifact(model, tmp)))
+
+
+def _classify(args: argparse.Namespace, artifact_dir: Path) -> int:
+    from irpe.server.engine import EngineError
+    from irpe.server.errors import APIError
+    from irpe.server.local import classify_files, format_table
+
+    try:
+        name, preds = classify_files(args.images, artifact_dir, k=args.top_k, backend=args.backend,
+                                     device=args.device)
+    except APIError as e:
+        raise CLIError(e.message) from None
+    except EngineError as e:
+        raise CLIError(str(e)) from None
+    print(f"model: {name}")
+    print(format_table(args.images, preds))
+    return 0

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from irpe.models import ViTConfig, VisionTransformer, create_model, list_models
+from irpe.models import VisionTransformer, ViTConfig, create_model, list_models
 from irpe.models.rpe import RPEConfig
 
 
@@ -55,7 +55,8 @@ def test_rpe_tables_start_at_zero():
 
 @pytest.mark.parametrize("batch", [1, 7])
 def test_forward_no_grad_batches(batch):
-    model = create_model("deit_tiny_patch16_224_ctx_product_50_shared_k", rpe_on="qkv", img_size=64, num_classes=5).eval()
+    name = "deit_tiny_patch16_224_ctx_product_50_shared_k"
+    model = create_model(name, rpe_on="qkv", img_size=64, num_classes=5).eval()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02)
     with torch.no_grad():

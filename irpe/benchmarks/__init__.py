@@ -1,0 +1,1 @@
+"""Benchmarks that measure irpe-deploy side by side (``irpe bench ...``)."""
