@@ -58,9 +58,11 @@ def bucket_sum_ref(attn: np.ndarray, index: np.ndarray, num_buckets: int) -> np.
     if attn.ndim != 4:
         raise ValueError(f"attn must be [B, H, Lq, Lk], got shape {tuple(attn.shape)}")
     _check_index(index, attn.shape[2], attn.shape[3])
-    onehot = np.zeros((*index.shape, num_buckets), dtype=np.float64)  # [Lq, Lk, K]
-    np.put_along_axis(onehot, index[..., None], 1.0, axis=2)
-    out = np.einsum("bhij,ijk->bhik", attn.astype(np.float64), onehot)
+    b, h, lq, lk = attn.shape
+    rows = np.arange(b * h * lq, dtype=np.int64).reshape(b * h, lq, 1) * num_buckets
+    ids = (rows + index[None]).ravel()  # flat output slot of every attention weight
+    sums = np.bincount(ids, weights=attn.astype(np.float64).ravel(), minlength=b * h * lq * num_buckets)
+    out = sums.reshape(b, h, lq, num_buckets)
     return out.astype(attn.dtype)
 
 
