@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from PIL import Image
 
@@ -23,8 +25,13 @@ def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Ima
 
 
 def center_crop(img: Image.Image, size: int) -> Image.Image:
-    """Center crop to size x size (torchvision's CenterCrop rounding)."""
+    """Center crop to size x size (torchvision's CenterCrop rounding; zero padding when too small)."""
     w, h = img.size
+    if size > w or size > h:  # torchvision pads left/top (c - s) // 2, right/bottom (c - s + 1) // 2
+        left, top = max(size - w, 0) // 2, max(size - h, 0) // 2
+        canvas = Image.new(img.mode, (w + max(size - w, 0), h + max(size - h, 0)))
+        canvas.paste(img, (left, top))
+        img, (w, h) = canvas, canvas.size
     top = int(round((h - size) / 2.0))
     left = int(round((w - size) / 2.0))
     return img.crop((left, top, left + size, top + size))
@@ -42,6 +49,27 @@ def _maybe_invert(arr: np.ndarray, mode: str) -> np.ndarray:
     return arr
 
 
+@functools.lru_cache(maxsize=16)
+def _table(mean: tuple[float, ...], std: tuple[float, ...], invert: bool) -> np.ndarray:
+    """(3, 256) float32: every uint8 value through the exact float32 ops of the reference path."""
+    v = np.arange(256, dtype=np.float32) / np.float32(255.0)
+    if invert:
+        v = np.float32(1.0) - v
+    m = np.asarray(mean, dtype=np.float32)[:, None]
+    s = np.asarray(std, dtype=np.float32)[:, None]
+    return np.ascontiguousarray((v[None, :] - m) / s, dtype=np.float32)
+
+
+def _normalise_lut(img: Image.Image, pp: Preprocess) -> np.ndarray:
+    """Table lookup per channel: bit-identical to scale/invert/normalise, about 3x cheaper."""
+    table = _table(tuple(pp.mean), tuple(pp.std), pp.invert == "always")
+    u8 = np.asarray(img)
+    out = np.empty((3, *u8.shape[:2]), dtype=np.float32)
+    for c in range(3):
+        np.take(table[c], u8[..., c], out=out[c])
+    return out
+
+
 def preprocess_image(img: Image.Image, pp: Preprocess) -> np.ndarray:
     """Decoded RGB image -> float32 (3, crop, crop) normalised array."""
     if pp.grayscale:
@@ -49,6 +77,8 @@ def preprocess_image(img: Image.Image, pp: Preprocess) -> np.ndarray:
     elif img.mode != "RGB":
         img = img.convert("RGB")
     img = center_crop(resize_shorter(img, pp.resize, pp.interpolation), pp.crop)
+    if pp.invert in ("never", "always") and len(pp.mean) == len(pp.std) == 3:
+        return _normalise_lut(img, pp)
     arr = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
     arr = _maybe_invert(arr, pp.invert)
     mean = np.asarray(pp.mean, dtype=np.float32)[:, None, None]

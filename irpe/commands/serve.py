@@ -24,12 +24,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, help="default 8000")
     p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt"])
     p.add_argument("--device", choices=["cpu", "cuda"])
-    p.add_argument("--max-batch", type=int, help="images per inference call (default 16)")
+    p.add_argument("--max-batch", type=int, help="images per inference call (default: 4 on cpu, 32 on cuda)")
     p.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill (default 5)")
     p.add_argument("--max-queue", type=int, help="queued images before 503 (default 256)")
     p.add_argument("--workers", type=int, help="uvicorn worker processes, one model each (default 1)")
     p.add_argument("--decode-threads", type=int, help="image decoding threads (default: CPU count)")
-    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: CPU count)")
+    p.add_argument("--inference-threads", type=int,
+                   help="inference workers pulling batches (default: CPU count on cpu, 1 on cuda)")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads per worker (default: cores/workers)")
     p.add_argument("--max-body-mb", type=float, help="request body limit in MB (default 20)")
     p.add_argument("--max-pixels", type=lambda s: int(float(s)), help="pixel limit per image (default 40e6)")
     p.add_argument("--timeout-s", type=float, help="per-request deadline, 504 after (default 30)")
@@ -38,12 +40,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Build Settings (flags > IRPE_* > defaults), check the artifact, serve."""
     from irpe.artifact import load_artifact
     from irpe.server.app import serve
     from irpe.server.config import Settings
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
-            "decode_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level"]
+            "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
     load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
     serve(settings)
@@ -61,6 +64,7 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 
 
 def run_classify(args: argparse.Namespace) -> int:
+    """Classify files with an artifact dir, or export a checkpoint to a temp dir first."""
     model = Path(args.model)
     if not model.exists():
         raise CLIError(f"--model {model}: no such file or directory")

@@ -1,0 +1,100 @@
+"""The FastAPI application: ``create_app(settings)`` and the uvicorn runner behind ``irpe serve``.
+
+The model is loaded in the lifespan (a bad artifact or a GPU that fell back to CPU stops startup); the
+warm-up of every batch size runs in the background so /healthz answers at once and /readyz turns 200
+when it is done. On SIGTERM uvicorn stops accepting, waits for in-flight requests, then the lifespan
+drains the batcher. Imports nothing from torch or the export/training code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+import irpe
+from irpe.artifact import ArtifactError
+
+from . import kserve, routes
+from .config import Settings
+from .engine import EngineError
+from .errors import install_error_handlers
+from .middleware import ObserveMiddleware
+from .state import ServerState
+
+log = logging.getLogger("irpe.server")
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ServerState = app.state.irpe
+    try:
+        await asyncio.to_thread(state.load)
+    except (ArtifactError, EngineError) as e:
+        log.error("cannot load the model: %s", e)
+        raise
+    warm = asyncio.create_task(asyncio.to_thread(state.warm))
+    try:
+        yield
+    finally:
+        await warm
+        await asyncio.to_thread(state.shutdown)
+        log.info("batcher drained; bye")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app for ``settings`` (default: from ``IRPE_*`` environment variables)."""
+    settings = settings or Settings.from_env()
+    app = FastAPI(title="irpe-deploy", version=irpe.__version__, lifespan=_lifespan,
+                  description="Image classification with iRPE vision transformers. POST an image to "
+                  "/classify; KServe v2 / Triton clients use /v2.")
+    app.state.irpe = ServerState(settings)
+    install_error_handlers(app)
+    app.add_middleware(ObserveMiddleware, state=app.state.irpe)
+    app.include_router(routes.router)
+    app.include_router(kserve.router)
+    app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for uvicorn worker processes (settings travel as ``IRPE_*`` variables)."""
+    settings = Settings.from_env()
+    configure_logging(settings)
+    return create_app(settings)
+
+
+def configure_logging(settings: Settings) -> None:
+    """Log lines with time and logger name at the configured level."""
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def uvicorn_config_kwargs(settings: Settings) -> dict[str, object]:
+    """Options shared by the single-process and multi-worker paths."""
+    return {"host": settings.host, "port": settings.port, "log_level": settings.log_level,
+            "access_log": settings.log_level == "debug",
+            "timeout_graceful_shutdown": int(settings.timeout_s) + 5}
+
+
+def serve(settings: Settings) -> None:
+    """Run uvicorn until SIGINT/SIGTERM (graceful: in-flight requests finish, the batcher drains)."""
+    import os
+
+    import uvicorn
+
+    configure_logging(settings)
+    if settings.workers > 1:
+        os.environ.update(settings.to_env())
+        uvicorn.run("irpe.server.app:create_app_from_env", factory=True, workers=settings.workers,
+                    **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+        return
+    config = uvicorn.Config(create_app(settings), **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        raise SystemExit(3)

@@ -1,0 +1,181 @@
+"""Dynamic batching: images from many requests go to the engine together, on one dedicated thread.
+
+Requests (on the event loop) append images to a bounded queue and await futures. The inference thread
+waits until ``max_batch`` images are queued or the oldest has waited ``max_wait_ms``, takes the largest
+warmed-up batch size that fits, runs the engine and hands each row back to the loop. Images whose request
+already gave up (deadline, disconnect) are skipped. ``stop(drain=True)`` finishes what is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .metrics import Metrics
+
+log = logging.getLogger("irpe.server")
+
+
+class QueueFullError(Exception):
+    """The queue cannot take the images now; ``retry_after`` is a hint in seconds."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"inference queue is full; retry in {retry_after}s")
+        self.retry_after = retry_after
+
+
+class BatcherStoppedError(Exception):
+    """The batcher is shutting down and takes no new work."""
+
+
+@dataclass
+class Result:
+    """One image's output row and where its time went."""
+
+    logits: np.ndarray
+    queue_s: float
+    inference_s: float
+    batch_size: int
+
+
+@dataclass
+class _Item:
+    x: np.ndarray
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+def _resolve(future: asyncio.Future, value: object, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+class Batcher:
+    """Bounded queue + ``workers`` inference threads around ``run(images) -> logits``.
+
+    On a CPU, several workers each running a single-threaded session beat one worker with intra-op
+    threads when decoding competes for the cores (no barrier between threads to stall on).
+    """
+
+    def __init__(self, run: Callable[[np.ndarray], np.ndarray], *, sizes: list[int], max_wait_ms: float,
+                 max_queue: int, metrics: Metrics | None = None, workers: int = 1):
+        self._run = run
+        self.sizes = sorted(sizes)
+        self.max_batch = self.sizes[-1]
+        self.max_wait = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.metrics = metrics or Metrics()
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._per_image_s = 0.0
+        self._threads = [threading.Thread(target=self._loop, name=f"irpe-inference-{i}", daemon=True)
+                         for i in range(max(1, workers))]
+
+    @property
+    def depth(self) -> int:
+        """Images waiting now."""
+        return len(self._queue)
+
+    def start(self) -> None:
+        """Start the inference thread(s)."""
+        for t in self._threads:
+            t.start()
+
+    async def submit(self, images: list[np.ndarray]) -> list[Result]:
+        """Queue ``images`` (all or none) and wait for their results; cancel to give up."""
+        loop = asyncio.get_running_loop()
+        items = [_Item(x, loop.create_future(), loop) for x in images]
+        with self._cond:
+            if self._stopping:
+                raise BatcherStoppedError("server is shutting down")
+            if len(self._queue) + len(items) > self.max_queue:
+                raise QueueFullError(self._retry_after())
+            self._queue.extend(items)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cond.notify_all()
+        try:
+            return list(await asyncio.gather(*(i.future for i in items)))
+        finally:
+            for i in items:
+                i.future.cancel()  # no-op when done; marks abandoned items so the thread skips them
+
+    def _retry_after(self) -> int:
+        return max(1, int(np.ceil(len(self._queue) * max(self._per_image_s, 0.001))))
+
+    def _take(self) -> list[_Item] | None:
+        """Block until a batch is due; None once stopping and empty (other workers may race us)."""
+        with self._cond:
+            while True:
+                while not self._queue:
+                    if self._stopping:
+                        return None
+                    self._cond.wait()
+                self._wait_to_fill()
+                while self._queue and self._queue[0].future.done():
+                    self._queue.popleft()
+                if self._queue:
+                    break
+            n = max(s for s in self.sizes if s <= len(self._queue))
+            batch = [self._queue.popleft() for _ in range(n)]
+            self.metrics.queue_depth.set(len(self._queue))
+            return batch
+
+    def _wait_to_fill(self) -> None:
+        """Wait (lock held) until max_batch images are queued or the oldest waited max_wait."""
+        while self._queue and len(self._queue) < self.max_batch and not self._stopping:
+            remaining = self._queue[0].enqueued + self.max_wait - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            live = [i for i in batch if not i.future.done()]
+            if live:
+                self._infer(live)
+
+    def _infer(self, batch: list[_Item]) -> None:
+        start = time.perf_counter()
+        try:
+            out = self._run(np.stack([i.x for i in batch]))
+            error: BaseException | None = None
+        except Exception as e:  # delivered to every request in the batch; the thread keeps going
+            log.exception("inference failed for a batch of %d", len(batch))
+            out, error = None, e
+        took = time.perf_counter() - start
+        self._per_image_s = 0.8 * self._per_image_s + 0.2 * took / len(batch) if self._per_image_s else \
+            took / len(batch)
+        m = self.metrics
+        m.batch_size.observe(len(batch))
+        m.inference.observe(took)
+        for k, item in enumerate(batch):
+            m.queue_wait.observe(start - item.enqueued)
+            res = None if out is None else Result(out[k], start - item.enqueued, took, len(batch))
+            item.loop.call_soon_threadsafe(_resolve, item.future, res, error)
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        """Stop taking work; with ``drain`` the queued images are still run, else they fail."""
+        with self._cond:
+            self._stopping = True
+            if not drain:
+                for item in self._queue:
+                    item.loop.call_soon_threadsafe(_resolve, item.future, None,
+                                                   BatcherStoppedError("server is shutting down"))
+                self._queue.clear()
+            self._cond.notify_all()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)

@@ -1,0 +1,77 @@
+"""Request bodies read under a size limit: Content-Length is checked first, then every streamed chunk."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+
+from .errors import APIError
+
+FILE_FIELD = "file"
+RAW_TYPES = ("image/", "application/octet-stream")
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, "payload_too_large", f"request body exceeds {limit} bytes "
+                    f"({limit / 1048576:g} MB, --max-body-mb)")
+
+
+def check_content_length(request: Request, limit: int) -> None:
+    """Refuse a declared body over ``limit`` before reading a byte of it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+
+
+async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The body chunks, failing with 413 as soon as more than ``limit`` bytes arrived."""
+    check_content_length(request, limit)
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise _too_large(limit)
+        yield chunk
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The whole body (at most ``limit`` bytes)."""
+    return b"".join([chunk async for chunk in limited_stream(request, limit)])
+
+
+async def read_images(request: Request, limit: int, max_files: int) -> list[bytes]:
+    """Image payloads of a request: multipart field ``file`` (repeatable) or a raw image body."""
+    ctype = request.headers.get("content-type", "").lower()
+    if ctype.startswith("multipart/form-data"):
+        return await _read_multipart(request, limit, max_files)
+    if ctype.startswith(RAW_TYPES) or not ctype:
+        data = await read_limited(request, limit)
+        if not data:
+            raise APIError(400, "empty_body", "empty request body; send an image (raw body with an image "
+                           "content type, or multipart field 'file')")
+        return [data]
+    raise APIError(415, "unsupported_media_type", f"content type {ctype!r} is not accepted; send "
+                   "multipart/form-data with field 'file' or a raw body with an image/* content type")
+
+
+async def _read_multipart(request: Request, limit: int, max_files: int) -> list[bytes]:
+    parser = MultiPartParser(request.headers, limited_stream(request, limit), max_files=max_files + 1)
+    try:
+        form = await parser.parse()
+    except MultiPartException as e:
+        if "too many files" in e.message.lower():
+            raise APIError(413, "too_many_files", f"more than {max_files} files in one request") from None
+        raise APIError(400, "invalid_multipart", f"malformed multipart body ({e.message})") from None
+    try:
+        files = [f for f in form.getlist(FILE_FIELD) if isinstance(f, UploadFile)]
+        if not files:
+            raise APIError(400, "missing_file", f"multipart body has no file field {FILE_FIELD!r} "
+                           f"(fields: {sorted(form.keys())})")
+        if len(files) > max_files:
+            raise APIError(413, "too_many_files", f"{len(files)} files in one request; the limit is {max_files}")
+        return [await f.read() for f in files]
+    finally:
+        await form.close()

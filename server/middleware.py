@@ -1,0 +1,87 @@
+"""One pure-ASGI middleware: optional API key, request metrics, and JSON 500 for anything unexpected."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from .errors import error_body
+from .state import ServerState
+
+log = logging.getLogger("irpe.server")
+
+HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
+Scope = dict[str, Any]
+
+
+async def send_json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    """Send a complete JSON response on a raw ASGI ``send``."""
+    raw = json.dumps(body).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": raw})
+
+
+def _authorized(scope: Scope, key: str) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return False
+
+
+def _route_label(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    if path:
+        return str(path)
+    return "/static" if scope.get("path", "").startswith("/static/") else "unmatched"
+
+
+class ObserveMiddleware:
+    """Wraps the app: 401 without the key (health routes exempt), counts and times every request."""
+
+    def __init__(self, app: Any, state: ServerState):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+        key = self.state.settings.api_key
+        if key and scope["path"] not in HEALTH_PATHS and not _authorized(scope, key):
+            status[0] = 401
+            await send_json(send, 401, error_body("unauthorized", "missing or wrong API key; send "
+                            "'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})
+        else:
+            await self._call(scope, receive, send, status)
+        m = self.state.metrics
+        route = _route_label(scope)
+        m.requests.labels(route, scope["method"], str(status[0])).inc()
+        m.latency.labels(route).observe(time.perf_counter() - start)
+
+    async def _call(self, scope: Scope, receive: Any, send: Any, status: list[int]) -> None:
+        started = False
+
+        async def observe(message: dict[str, Any]) -> None:
+            """Record the status as the response starts."""
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started, status[0] = True, message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observe)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            status[0] = 500
+            if not started:
+                await send_json(send, 500, error_body("internal_error", "unexpected server error; "
+                                "it has been logged"))

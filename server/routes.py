@@ -1,0 +1,145 @@
+"""``POST /classify``, ``/v1/models``, health, readiness, metrics and the demo page."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel
+
+from irpe.artifact import ModelArtifact
+
+from .batching import Result
+from .body import read_images
+from .errors import APIError
+from .state import ServerState, get_state
+
+STATIC = Path(__file__).with_name("static")
+router = APIRouter()
+
+_CLASSIFY_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "array", "items": {"type": "string", "format": "binary"}}}}},
+    "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+    "image/png": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+class Prediction(BaseModel):
+    index: int
+    label: str
+    probability: float
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    predictions: list[list[Prediction]]
+    timing_ms: dict[str, float]
+    batch_size: int
+
+
+def top_k(logits: np.ndarray, k: int, labels: list[str]) -> list[dict[str, Any]]:
+    """Softmax (float64) and the k most probable classes, best first."""
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")[:k]
+    return [{"index": int(i), "label": labels[i], "probability": float(p[i])} for i in order]
+
+
+def _timing(decode_s: float, results: list[Result], started: float) -> dict[str, float]:
+    return {"decode": round(decode_s * 1e3, 3),
+            "queue": round(max(r.queue_s for r in results) * 1e3, 3),
+            "inference": round(max(r.inference_s for r in results) * 1e3, 3),
+            "total": round((time.perf_counter() - started) * 1e3, 3)}
+
+
+@router.post("/classify", response_model=None, openapi_extra=_CLASSIFY_BODY,
+             responses={200: {"model": ClassifyResponse}}, tags=["classify"])
+async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
+                                                          description="classes per image")) -> JSONResponse:
+    """Classify one or several images (multipart field ``file``, repeatable, or a raw image body)."""
+    started = time.perf_counter()
+    state = get_state(request)
+    art, _ = state.require_ready()
+    if top_k_ > art.num_classes:
+        raise APIError(422, "validation_error", f"query.top_k: must be between 1 and {art.num_classes}")
+    s = state.settings
+    blobs = await read_images(request, s.max_body_bytes, s.max_queue)
+
+    async def work() -> tuple[list[np.ndarray], float, list[Result]]:
+        """Decode, then queue for inference."""
+        arrays, decode_s = await state.preprocess(blobs)
+        return arrays, decode_s, await state.infer(arrays)
+
+    _, decode_s, results = await state.with_deadline(work(), started)  # type: ignore[misc]
+    preds = [top_k(r.logits, top_k_, art.labels) for r in results]
+    return JSONResponse({"model": art.name, "predictions": preds,
+                         "timing_ms": _timing(decode_s, results, started),
+                         "batch_size": max(r.batch_size for r in results)})
+
+
+def model_metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
+    """model.json facts plus what is actually running."""
+    info = state.engine.info if state.engine else None
+    return {"name": art.name, "architecture": art.architecture, "img_size": art.img_size,
+            "num_classes": art.num_classes, "labels": art.labels, "preprocess": art.to_dict()["preprocess"],
+            "opset": art.opset, "versions": art.versions, "parity": art.parity, "ready": state.ready,
+            "backend": info.backend if info else None, "device": info.device if info else None,
+            "providers": info.providers if info else [], "batch_sizes": info.batch_sizes if info else [],
+            "max_wait_ms": state.settings.max_wait_ms}
+
+
+@router.get("/v1/models", tags=["models"])
+async def list_models(request: Request) -> dict[str, Any]:
+    """Metadata of the served model (from model.json) and the engine running it."""
+    state = get_state(request)
+    return {"models": [model_metadata(state, state.art)] if state.art else []}
+
+
+@router.get("/v1/models/{name}", tags=["models"])
+async def get_model(request: Request, name: str) -> dict[str, Any]:
+    """Metadata of one model (404 for another name)."""
+    state = get_state(request)
+    if state.art is None or name != state.art.name:
+        raise APIError(404, "model_not_found", f"no model {name!r}; see /v1/models")
+    return model_metadata(state, state.art)
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz(request: Request) -> JSONResponse:
+    """Liveness: the process answers (fails only if warm-up failed)."""
+    state = get_state(request)
+    if state.failure:
+        return JSONResponse({"status": "failed", "detail": state.failure}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz", tags=["health"])
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: 503 until the model is loaded and every batch size warmed up."""
+    state = get_state(request)
+    if not state.ready:
+        return JSONResponse({"status": "not_ready", "detail": state.failure or "warming up"}, status_code=503,
+                            headers={"Retry-After": "1"})
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", tags=["health"])
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    state = get_state(request)
+    if state.batcher is not None:
+        state.metrics.queue_depth.set(state.batcher.depth)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    """The demo page."""
+    return FileResponse(STATIC / "index.html", media_type="text/html")

@@ -1,0 +1,119 @@
+"""Dynamic batching: requests share inference calls, the queue is bounded (503), deadlines hold (504)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from irpe.server.batching import Batcher, QueueFullError
+from tests.server.helpers import encode, expected_logits, image, running_server
+
+
+class Recorder:
+    """A real engine function (doubles its input) that records the batch sizes it was called with."""
+
+    def __init__(self, delay: float = 0.0):
+        self.sizes: list[int] = []
+        self.delay = delay
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.sizes.append(len(x))
+        time.sleep(self.delay)
+        return x * 2
+
+
+def test_batcher_groups_and_returns_rows_in_order() -> None:
+    rec = Recorder(delay=0.01)
+    batcher = Batcher(rec, sizes=[1, 2, 4, 8], max_wait_ms=50, max_queue=100)
+    batcher.start()
+
+    async def main() -> list:
+        return await asyncio.gather(*(batcher.submit([np.full(3, i, np.float32)]) for i in range(20)))
+
+    results = asyncio.run(main())
+    batcher.stop()
+    assert [float(r[0].logits[0]) for r in results] == [2.0 * i for i in range(20)]
+    assert sum(rec.sizes) == 20 and max(rec.sizes) == 8 and set(rec.sizes) <= {1, 2, 4, 8}
+    assert len(rec.sizes) < 20
+
+
+def test_batcher_queue_bound_and_drain() -> None:
+    rec = Recorder(delay=0.05)
+    batcher = Batcher(rec, sizes=[1, 2, 4, 8], max_wait_ms=5000, max_queue=3)
+    batcher.start()
+
+    async def main() -> tuple[list, int]:
+        first = asyncio.ensure_future(batcher.submit([np.ones(2, np.float32)] * 3))
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError) as info:
+            await batcher.submit([np.ones(2, np.float32)])
+        stopper = asyncio.get_running_loop().run_in_executor(None, batcher.stop)  # drain: queued still run
+        res = await first
+        await stopper
+        return res, info.value.retry_after
+
+    start = time.monotonic()
+    res, retry_after = asyncio.run(main())
+    assert len(res) == 3 and retry_after >= 1 and rec.sizes == [2, 1]  # drained without waiting 5 s
+    assert time.monotonic() - start < 3
+
+
+def _metric(text: str, name: str) -> float:
+    return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
+
+
+def test_concurrent_requests_share_inference_calls(tiny_artifact: Path) -> None:
+    from irpe.artifact import Preprocess
+    from irpe.artifact.preprocess import preprocess_image
+
+    with running_server(tiny_artifact, max_batch=8, max_wait_ms=150) as url:
+        async def main() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=20) as client:
+                return await asyncio.gather(*(
+                    client.post(url + "/classify?top_k=1", content=encode(image(seed=s)),
+                                headers={"content-type": "image/png"}) for s in range(24)))
+
+        responses = asyncio.run(main())
+        metrics = httpx.get(url + "/metrics").text
+    for seed, r in enumerate(responses):
+        assert r.status_code == 200
+        want = int(np.argmax(expected_logits(preprocess_image(image(seed=seed), Preprocess(36, 32))[None])))
+        assert r.json()["predictions"][0][0]["index"] == want
+    batches = _metric(metrics, "irpe_batch_size_count")
+    singles = _metric(metrics, 'irpe_batch_size_bucket{le="1.0"}')
+    assert _metric(metrics, "irpe_batch_size_sum") >= 24  # warm-up does not count
+    assert batches < 24 and batches - singles > 0
+    assert max(r.json()["batch_size"] for r in responses) > 1
+
+
+def test_queue_full_is_503_with_retry_after(tiny_artifact: Path) -> None:
+    with running_server(tiny_artifact, max_batch=8, max_wait_ms=1500, max_queue=2) as url:
+        body, hdr = encode(image()), {"content-type": "image/png"}
+        waiting = [threading.Thread(target=httpx.post, args=(url + "/classify",),
+                                    kwargs={"content": body, "headers": hdr, "timeout": 20}) for _ in range(2)]
+        for t in waiting:
+            t.start()
+        deadline = time.monotonic() + 5
+        while "irpe_queue_depth 2.0" not in httpx.get(url + "/metrics").text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r = httpx.post(url + "/classify", content=body, headers=hdr)
+        for t in waiting:
+            t.join()
+    assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+    assert int(r.headers["retry-after"]) >= 1
+
+
+def test_deadline_is_504(tiny_artifact: Path) -> None:
+    with running_server(tiny_artifact, max_batch=8, max_wait_ms=3000, timeout_s=0.3) as url:
+        start = time.monotonic()
+        r = httpx.post(url + "/classify", content=encode(image()), headers={"content-type": "image/png"}, timeout=10)
+        took = time.monotonic() - start
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+    assert took < 2.0

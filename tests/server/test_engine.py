@@ -1,0 +1,53 @@
+"""Engine construction: batch sizes, providers, TensorRT without the package, plugin graphs."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irpe.artifact import load_artifact, save_artifact
+from irpe.server.engine import EngineError, batch_sizes, load_engine, warm_up
+from tests.server.helpers import expected_logits
+
+
+def test_batch_sizes() -> None:
+    assert batch_sizes(1) == [1]
+    assert batch_sizes(16) == [1, 2, 4, 8, 16]
+    assert batch_sizes(12) == [1, 2, 4, 8, 12]
+
+
+def test_ort_engine_runs_and_reports_providers(tiny_artifact: Path) -> None:
+    art = load_artifact(tiny_artifact)
+    engine = load_engine(tiny_artifact, art, max_batch=4, threads=1)
+    assert engine.info.backend == "onnxruntime" and engine.info.providers == ["CPUExecutionProvider"]
+    assert engine.info.batch_sizes == [1, 2, 4]
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32), dtype=np.float32)
+    assert np.allclose(engine.run(x), expected_logits(x), atol=1e-5)
+    assert warm_up(engine, art) >= 0
+
+
+def test_tensorrt_backend_without_package_is_a_clear_error(tiny_artifact: Path) -> None:
+    if importlib.util.find_spec("tensorrt"):
+        pytest.skip("tensorrt is installed here")
+    art = load_artifact(tiny_artifact)
+    (tiny_artifact / "model.plan").write_bytes(b"plan")
+    try:
+        with pytest.raises(EngineError, match="pip install tensorrt"):
+            load_engine(tiny_artifact, art, backend="tensorrt", device="cuda")
+    finally:
+        (tiny_artifact / "model.plan").unlink()
+    with pytest.raises(EngineError, match="--device cuda"):
+        load_engine(tiny_artifact, art, backend="tensorrt", device="cpu")
+
+
+def test_plugin_graph_is_refused_with_the_fix(tiny_artifact: Path, tmp_path: Path) -> None:
+    shutil.copytree(tiny_artifact, tmp_path / "a")
+    art = load_artifact(tmp_path / "a")
+    art.rpe_plugin = True
+    save_artifact(art, tmp_path / "a")
+    with pytest.raises(EngineError, match="without --rpe-plugin"):
+        load_engine(tmp_path / "a", load_artifact(tmp_path / "a"))

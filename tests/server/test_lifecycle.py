@@ -1,0 +1,85 @@
+"""The real ``irpe serve`` process: torch never loaded, SIGTERM drains in-flight requests, GPU asks fail."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.helpers import encode, free_port, image, wait_ready
+
+REPO = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("torch", "irpe.models", "irpe.export", "irpe.plugins", "irpe.training")
+
+
+def _serve(artifact: Path, port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "irpe.cli", "serve", str(artifact), "--port", str(port),
+                             "--log-level", "info", *extra], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_server_process_never_imports_torch_and_drains_on_sigterm(tiny_artifact: Path) -> None:
+    port = free_port()
+    proc = _serve(tiny_artifact, port, "--max-batch", "8", "--max-wait-ms", "1500")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, timeout=30)
+        result: dict[str, httpx.Response] = {}
+        t = threading.Thread(target=lambda: result.setdefault("r", httpx.post(
+            url + "/classify", content=encode(image()), headers={"content-type": "image/png"}, timeout=20)))
+        t.start()
+        time.sleep(0.4)  # the request now waits in the batcher (max-wait 1.5 s)
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "libtorch" not in maps and "onnxruntime" in maps
+        proc.send_signal(signal.SIGTERM)
+        t.join(20)
+        code = proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = proc.stdout.read() if proc.stdout else ""
+    assert result["r"].status_code == 200 and len(result["r"].json()["predictions"][0]) == 5
+    assert code in (0, -signal.SIGTERM), output  # uvicorn re-raises the signal after a clean shutdown
+    assert "Application shutdown complete" in output
+    assert "providers in use ['CPUExecutionProvider']" in output and "batcher drained" in output
+
+
+def test_app_and_inference_import_no_torch(tiny_artifact: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys
+        from tests.server.helpers import running_server, encode, image
+        import httpx
+        with running_server({str(tiny_artifact)!r}) as url:
+            r = httpx.post(url + "/classify", content=encode(image()), headers={{"content-type": "image/png"}})
+            assert r.status_code == 200, r.text
+        import irpe.server.app, irpe.server.local, irpe.server.kserve
+        bad = [m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith({FORBIDDEN[1:]!r})]
+        assert not bad, bad
+        print("TORCH-FREE")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "TORCH-FREE" in out.stdout, out.stderr
+
+
+def test_gpu_request_without_gpu_fails_startup(tiny_artifact: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("a CUDA-enabled onnxruntime is installed; the fallback check needs a CPU-only build")
+    proc = _serve(tiny_artifact, free_port(), "--device", "cuda")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "CUDAExecutionProvider" in out
+
+
+def test_bad_artifact_dir_is_a_one_line_error(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "irpe.cli", "serve", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=30, env=dict(os.environ, IRPE_DEBUG=""))
+    assert out.returncode == 2 and "model.json" in out.stderr and "Traceback" not in out.stderr
