@@ -33,7 +33,8 @@ log = logging.getLogger("irpe.server")
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.irpe
     try:
-        await asyncio.to_thread(state.load)
+        if state.engine is None:  # serve() loads before uvicorn starts; worker processes load here
+            await asyncio.to_thread(state.load)
     except (ArtifactError, EngineError) as e:
         log.error("cannot load the model: %s", e)
         raise
@@ -93,7 +94,12 @@ def serve(settings: Settings) -> None:
         uvicorn.run("irpe.server.app:create_app_from_env", factory=True, workers=settings.workers,
                     **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
         return
-    config = uvicorn.Config(create_app(settings), **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    app = create_app(settings)
+    try:  # before uvicorn, so a bad model is one line naming the fix, not a lifespan traceback
+        app.state.irpe.load()
+    except (ArtifactError, EngineError) as e:
+        raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
+    config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     server.run()
     if not server.started:

@@ -61,8 +61,12 @@ class OrtEngine:
         if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
             raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
                               f"(available: {ort.get_available_providers()}); pip install onnxruntime-gpu")
-        self.session = ort.InferenceSession(str(onnx_path), _session_options(ort, threads),
-                                            providers=_providers(device))
+        try:
+            self.session = ort.InferenceSession(str(onnx_path), _session_options(ort, threads),
+                                                providers=_providers(device))
+        except Exception as e:  # onnxruntime's own types (InvalidProtobuf, Fail, ...) for a bad file
+            raise EngineError(f"{onnx_path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[-1][:200]}); "
+                              "re-run `irpe export` or restore the file") from None
         used = self.session.get_providers()
         if device == "cuda" and "CUDAExecutionProvider" not in used:
             raise EngineError("--device cuda: ONNX Runtime fell back to CPU (providers in use: "
@@ -71,6 +75,13 @@ class OrtEngine:
         if art.input_name not in inputs:
             raise EngineError(f"{onnx_path}: no input {art.input_name!r} (has {sorted(inputs)}); re-export")
         spec = inputs[art.input_name]
+        want, found = [3, art.preprocess.crop, art.preprocess.crop], list(spec.shape[1:])
+        outputs = {o.name: list(o.shape) for o in self.session.get_outputs()}
+        out_shape = outputs.get(art.output_name, [None, None])
+        if all(isinstance(d, int) for d in found) and found != want or \
+                isinstance(out_shape[-1], int) and out_shape[-1] != art.num_classes:
+            raise EngineError(f"{onnx_path}: the graph takes {spec.shape} and gives {out_shape}, but model.json "
+                              f"says crop {art.preprocess.crop} and {art.num_classes} classes; re-export the artifact")
         self.input_name, self.output_name = art.input_name, art.output_name
         self.dtype = np.float16 if spec.type == "tensor(float16)" else np.float32
         self.static_batch = spec.shape[0] if isinstance(spec.shape[0], int) else 0

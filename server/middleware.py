@@ -8,6 +8,8 @@ import logging
 import time
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
 from .errors import error_body
 from .state import ServerState
 
@@ -79,6 +81,9 @@ class ObserveMiddleware:
 
         try:
             await self.app(scope, receive, observe)
+        except ClientDisconnect:  # the client left mid-upload: nobody to answer, nothing to log loudly
+            status[0] = 499
+            log.info("client disconnected during %s %s", scope["method"], scope["path"])
         except Exception:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             status[0] = 500

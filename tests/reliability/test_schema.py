@@ -1,0 +1,74 @@
+"""Schemathesis against the server's own ``/openapi.json`` (bounded, 127.0.0.1 only): no 5xx, 2xx JSON
+bodies conform to the declared schema, 4xx bodies have the JSON error shape.
+
+The operations are read from the live schema at test time (schemathesis' lazy ``from_fixture`` loader does
+not work with this pytest), and each gets ``MAX_EXAMPLES`` Hypothesis examples.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.specs.openapi.checks import response_schema_conformance
+
+from tests.reliability.procs import ServerProcess
+from tests.reliability.record import RECORDS
+
+MAX_EXAMPLES = 20  # per operation and generation mode (positive, negative)
+
+
+def _check(case: schemathesis.Case, server: ServerProcess) -> int:
+    response = case.call(base_url=server.url, timeout=30)
+    RECORDS.append(("schemathesis", f"{case.method} {case.operation.path}", response.status_code, ""))
+    where = f"{case.method} {case.formatted_path} query={case.query}"
+    assert response.status_code < 500, f"{where}: {response.status_code} {response.text[:300]}"
+    ctype = str(response.headers.get("content-type", ""))
+    if response.status_code < 300 and "application/json" in ctype:
+        case.validate_response(response, checks=[response_schema_conformance])
+    elif response.status_code >= 400 and case.operation.path not in ("/readyz", "/healthz", "/v2/health/ready"):
+        body = response.json()
+        assert set(body) == {"error"} and body["error"]["code"] and body["error"]["message"], f"{where}: {body}"
+    return response.status_code
+
+
+def _fuzz_operation(op: Any, mode: schemathesis.GenerationMode, server: ServerProcess) -> int:
+    """Run ``MAX_EXAMPLES`` generated cases of one operation; returns how many were sent."""
+    calls = [0]
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=op.as_strategy(generation_mode=mode))
+    def run(case: schemathesis.Case) -> None:
+        calls[0] += 1
+        _check(case, server)
+
+    run()
+    return calls[0]
+
+
+def test_openapi_operations(server: ServerProcess) -> None:
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    operations = [r.ok() for r in schema.get_all_operations()]
+    assert len(operations) >= 10, [op.label for op in operations]
+    failures: list[str] = []
+    counts: dict[str, int] = {}
+    started = time.monotonic()
+    for op in operations:
+        for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
+            label = f"{op.label} [{mode.value}]"
+            try:
+                counts[label] = _fuzz_operation(op, mode, server)
+            except Unsatisfiable:  # nothing to negate (no parameters, or unconstrained strings)
+                continue
+            except Exception as e:  # collect every operation's failure, then fail once with all of them
+                failures.append(f"{label}: {str(e)[:600]}")
+    print(f"schemathesis: {sum(counts.values())} calls over {len(counts)} operations in "
+          f"{time.monotonic() - started:.1f}s: {counts}")
+    assert not failures, "\n\n".join(failures)
+    log = server.output()
+    assert server.proc.poll() is None
+    assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]
