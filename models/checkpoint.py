@@ -96,6 +96,15 @@ def _stored_name(ckpt: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) and name in list_models() else None
 
 
+def _stored_overrides(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """create_model overrides a training run recorded in ``args.overrides`` (plain values only)."""
+    args = ckpt.get("args")
+    stored = getattr(args, "overrides", None) if not isinstance(args, dict) else args.get("overrides")
+    if not isinstance(stored, dict):
+        return {}
+    return {k: v for k, v in stored.items() if isinstance(v, (int, float, str, bool))}
+
+
 def resize_pos_embed(pos: torch.Tensor, prefix: int, new_grid: tuple[int, int]) -> torch.Tensor:
     """Bicubic resize of the patch part of a (1, prefix + h*w, D) position embedding."""
     old = pos.shape[1] - prefix
@@ -127,7 +136,8 @@ def load_checkpoint_with_info(path: str | Path, name: str | None = None,
     path = Path(path)
     ckpt = read_checkpoint(path)
     sd = ckpt["model"]
-    name = name or _stored_name(ckpt)
+    if name is None and (stored := _stored_name(ckpt)) is not None:
+        name, overrides = stored, {**_stored_overrides(ckpt), **overrides}
     if name is not None:
         cfg = get_config(name, **overrides)
     else:

@@ -31,7 +31,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-after", type=int, help="stop after this many epochs in this run (resume later)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda")
     p.add_argument("--workers", type=int, default=0, help="data loader worker processes")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default min(2, cores))")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default 2; 1 when the machine is already busy)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar / epoch lines")
     p.set_defaults(func=_run_train)

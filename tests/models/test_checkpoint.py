@@ -114,3 +114,16 @@ def test_ambiguous_bucket_count_names_what_is_missing(tmp_path):
     with pytest.raises(ValueError, match="--rpe-method and --rpe-ratio"):
         load_checkpoint(path)
     assert load_checkpoint(path, rpe_method="euc", rpe_ratio=3.0).cfg.rpe.method == "euc"
+
+
+def test_overrides_recorded_in_args_are_applied(tmp_path):
+    name = "deit_tiny_patch16_224_ctx_product_50_shared_k"
+    model = _randomize(create_model(name, img_size=32, num_classes=4, rpe_on="qk"))
+    path = tmp_path / "trained.pth"
+    overrides = {"img_size": 32, "num_classes": 4, "rpe_on": "qk"}
+    torch.save({"model": model.state_dict(), "args": argparse.Namespace(model=name, overrides=overrides)}, path)
+    loaded, info = load_checkpoint_with_info(path)
+    assert info.config.num_classes == 4 and info.config.rpe.on == "qk"
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))

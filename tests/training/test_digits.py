@@ -1,0 +1,83 @@
+import io
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from irpe.artifact.preprocess import preprocess_image
+from irpe.artifact.schema import Preprocess
+from irpe.models import load_checkpoint_with_info
+from irpe.training.data import load_data
+from irpe.training.digits import digit_image, random_affine, split_digits
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return load_data("digits", 32)
+
+
+def _png(img: Image.Image) -> Image.Image:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    buf.seek(0)
+    return Image.open(buf)
+
+
+def test_fixed_stratified_split():
+    x_tr, x_va, y_tr, y_va = split_digits()
+    assert x_tr.shape == (1437, 8, 8) and x_va.shape == (360, 8, 8)
+    assert np.array_equal(np.bincount(y_va), np.bincount(split_digits()[3]))
+    assert max(abs(np.bincount(y_va) / 360 - np.bincount(y_tr) / 1437)) < 0.01
+
+
+def test_preprocess_contract_stored_for_model_json(bundle):
+    pp = bundle.preprocess
+    assert isinstance(pp, Preprocess) and pp.grayscale and pp.invert == "auto"
+    assert pp.resize == pp.crop == 32 and pp.interpolation == "bilinear"
+    assert len(set(pp.mean)) == 1 and 0.05 < pp.mean[0] < 0.5 and 0.2 < pp.std[0] < 0.6
+
+
+def test_validation_tensors_equal_preprocess_image_of_the_png_in_both_styles(bundle):
+    _, x_va, _, _ = split_digits()
+    for i in range(0, 360, 7):
+        want = bundle.val[i][0].numpy()
+        light = preprocess_image(_png(digit_image(x_va[i])).convert("RGB"), bundle.preprocess)
+        dark = preprocess_image(_png(digit_image(x_va[i], dark_on_light=True)), bundle.preprocess)
+        assert np.array_equal(light, want)
+        assert np.abs(dark - want).max() <= 1.5 / 255 / bundle.preprocess.std[0], i
+
+
+def test_auto_invert_never_flips_dataset_style_and_always_flips_dark_on_light(bundle):
+    never = replace(bundle.preprocess, invert="never")
+    x_tr, x_va, _, _ = split_digits()
+    for x in np.concatenate([x_tr, x_va])[::5]:
+        plain = preprocess_image(digit_image(x), never)
+        assert np.array_equal(preprocess_image(digit_image(x), bundle.preprocess), plain)
+        assert not np.array_equal(preprocess_image(digit_image(x, True), bundle.preprocess),
+                                  preprocess_image(digit_image(x, True), never))
+
+
+def test_training_augmentation_is_a_small_ink_preserving_affine(bundle):
+    torch.manual_seed(0)
+    x = bundle.train.pixels[5]
+    y = random_affine(x)
+    assert y.shape == x.shape and not torch.equal(x, y)
+    assert abs(float(y.sum() / x.sum()) - 1) < 0.3
+    assert float(torch.corrcoef(torch.stack([x.flatten(), y.flatten()]))[0, 1]) > 0.3
+    a, _ = bundle.train[5]
+    b, _ = bundle.train[5]
+    assert not torch.equal(a, b) and a.shape == (3, 32, 32)
+
+
+def test_png_of_held_out_digits_gets_the_same_label_as_the_training_pipeline(digits_run, bundle):
+    model, _ = load_checkpoint_with_info(digits_run.checkpoint)
+    _, x_va, _, _ = split_digits()
+    idx = list(range(0, 360, 9))
+    with torch.no_grad():
+        ref = model(torch.stack([bundle.val[i][0] for i in idx])).argmax(1)
+        for style in (False, True):
+            xs = [preprocess_image(_png(digit_image(x_va[i], style)), bundle.preprocess) for i in idx]
+            got = model(torch.from_numpy(np.stack(xs))).argmax(1)
+            assert (got == ref).float().mean() >= 0.95, style

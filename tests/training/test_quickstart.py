@@ -1,0 +1,147 @@
+import argparse
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from irpe.cli import main
+from irpe.training.quickstart import config_hash, prepare_artifact, quickstart_config, resolve_data_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _need_export():
+    export = pytest.importorskip("irpe.export", reason="irpe.export (export helper) not available yet")
+    if not hasattr(export, "export_artifact"):
+        pytest.skip("irpe.export.export_artifact is not written yet")
+
+
+def test_unwritable_cache_dir_names_the_dir_and_the_fix(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    bad = blocker / "cache"
+    with pytest.raises(PermissionError, match="IRPE_DATA_DIR"):
+        resolve_data_dir(bad)
+    assert main(["quickstart", "--data-dir", str(bad), "--no-serve"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "IRPE_DATA_DIR" in err
+
+
+def test_data_dir_defaults_to_env_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("IRPE_DATA_DIR", str(tmp_path / "env_cache"))
+    assert resolve_data_dir() == tmp_path / "env_cache" and (tmp_path / "env_cache").is_dir()
+    assert resolve_data_dir(tmp_path / "explicit") == tmp_path / "explicit"
+
+
+def test_config_hash_is_stable_and_tracks_the_recipe():
+    a, b = quickstart_config(), quickstart_config()
+    assert config_hash(a) == config_hash(b) and len(config_hash(a)) == 16
+    b.epochs += 1
+    assert config_hash(a) != config_hash(b)
+    c = quickstart_config()
+    c.output, c.threads = "/elsewhere", 1  # where and how fast do not change the model
+    assert config_hash(c) == config_hash(a)
+
+
+def test_quickstart_reuses_the_cached_checkpoint_and_artifact(digits_run, tmp_path):
+    _need_export()
+    run = tmp_path / "quickstart" / config_hash(quickstart_config()) / "train"
+    run.mkdir(parents=True)
+    shutil.copy(digits_run.checkpoint, run / "checkpoint.pth")
+    (run / "DONE").write_text("{}")
+    art = prepare_artifact(data_dir=tmp_path, progress=False)
+    assert art == run.parent / "artifact" and (art / "model.json").is_file()
+    stamp = (art / "model.onnx").stat().st_mtime_ns
+    assert prepare_artifact(data_dir=tmp_path, progress=False) == art
+    assert (art / "model.onnx").stat().st_mtime_ns == stamp  # reused, not re-exported
+    meta = json.loads((art / "model.json").read_text())
+    assert meta["preprocess"]["invert"] == "auto" and meta["labels"][3] == "3"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"quickstart exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError("server did not become ready")
+
+
+def test_quickstart_with_checkpoint_exports_and_serves(digits_run, tmp_path):
+    _need_export()
+    pytest.importorskip("irpe.server.app", reason="irpe.server (serve helper) not available yet")
+    from PIL import Image
+
+    from irpe.training.digits import digit_image, split_digits
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "irpe", "quickstart", "--checkpoint", str(digits_run.checkpoint),
+           "--data-dir", str(tmp_path), "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, IRPE_LOG_LEVEL="warning"))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, proc)
+        buf = io.BytesIO()
+        img: Image.Image = digit_image(split_digits()[1][0], dark_on_light=True).resize((96, 96))
+        img.save(buf, format="PNG")
+        req = urllib.request.Request(url + "/classify?top_k=3", data=buf.getvalue(),
+                                     headers={"Content-Type": "image/png"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = json.loads(r.read())
+        assert body["model"] == "deit_micro_patch4_32_ctx_product_shared_k"
+        assert len(body["predictions"][0]) == 3 and body["predictions"][0][0]["label"] in [str(i) for i in range(10)]
+        assert list((tmp_path / "artifacts").iterdir())[0].joinpath("model.onnx").is_file()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_full_digits_recipe_reaches_97_percent_within_5_minutes(tmp_path):
+    """The acceptance run: `irpe train --data digits` (the builtin recipe) on this machine."""
+    from irpe.artifact.preprocess import preprocess_image
+    from irpe.models import load_checkpoint_with_info
+    from irpe.training.digits import digit_image, split_digits
+
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "irpe", "train", "--data", "digits", "-o", str(tmp_path),
+                          "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - start
+    assert out.returncode == 0, out.stderr[-2000:]
+    acc = json.loads((tmp_path / "log.txt").read_text().splitlines()[-1])["val_acc"]
+    print(f"digits: val_acc={acc:.4f} wall={seconds:.1f}s")
+    assert acc >= 0.97 and seconds <= 300, (acc, seconds)
+    model, _ = load_checkpoint_with_info(tmp_path / "checkpoint.pth")
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        pp = torch.load(tmp_path / "checkpoint.pth", weights_only=True)["preprocess"]
+    from irpe.artifact.schema import Preprocess
+
+    pp = Preprocess(**pp)
+    _, x_va, _, y_va = split_digits()
+    for dark in (False, True):
+        x = np.stack([preprocess_image(digit_image(v, dark).resize((64, 64)), pp) for v in x_va])
+        with torch.no_grad():
+            pred = model(torch.from_numpy(x)).argmax(1).numpy()
+        assert (pred == y_va).mean() >= 0.95, dark
