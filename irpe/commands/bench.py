@@ -13,8 +13,53 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def add_export_bench(bsub: argparse._SubParsersAction) -> None:
-    """Filled in by the export issue."""
+    """``irpe bench export``: ONNX Runtime CPU latency of exported DeiT-S variants, ratios to plain DeiT-S."""
+    p = bsub.add_parser("export", help="ONNX Runtime CPU latency of plain DeiT-S, iRPE-K/QK/QKV exports "
+                                       "and torch.onnx.export references, side by side")
+    p.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per graph and batch (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per graph first")
+    p.add_argument("--models", default="plain,k,qk,qkv", help="comma list of plain, k, qk, qkv")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (default: all cores)")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--no-reference", action="store_true", help="skip the torch.onnx.export reference graphs")
+
+    def run(args: argparse.Namespace) -> int:
+        """Validate the options, run the side-by-side benchmark, print the table."""
+        from irpe.commands import CLIError
+        from irpe.export.bench import format_table, run_export_bench
+
+        try:
+            batches = [int(b) for b in args.batch.split(",") if b.strip()]
+        except ValueError:
+            raise CLIError(f"--batch must be a comma list of integers, got {args.batch!r}") from None
+        if not batches or min(batches) < 1 or args.repeats < 1 or args.warmup < 0:
+            raise CLIError("--batch values and --repeats must be >= 1, --warmup >= 0")
+        models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
+        print(format_table(run_export_bench(models, batches, repeats=args.repeats, warmup=args.warmup,
+                                            threads=args.threads or None, img_size=args.img_size,
+                                            reference=not args.no_reference)))
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def add_serve_bench(bsub: argparse._SubParsersAction) -> None:
-    """Filled in by the serving issue."""
+    """``irpe bench serve``: served req/s vs the raw engine and a naive server, measured in one run."""
+    p = bsub.add_parser("serve", help="served throughput vs raw engine vs a naive one-request server")
+    p.add_argument("--artifact", help="artifact directory (default: export DeiT-Tiny iRPE-K, random weights)")
+    p.add_argument("--requests", type=int, default=256, help="requests per concurrency level")
+    p.add_argument("--concurrency", default="1,8,32", help="comma list of client counts")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
+
+    def run(args: argparse.Namespace) -> int:
+        """Parse the levels and run the serving benchmark."""
+        from irpe.benchmarks.serve import run_bench
+
+        levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
+        if not levels or min(levels) < 1 or args.requests < 1:
+            raise ValueError("--concurrency needs positive integers and --requests must be >= 1")
+        run_bench(args.artifact, args.requests, levels, tuple(args.server_arg))
+        return 0
+
+    p.set_defaults(func=run)

@@ -1,0 +1,137 @@
+"""``export_artifact``: checkpoint -> model.onnx + model.json (+ TensorRT plan, Triton repository)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from irpe.artifact import ModelArtifact, file_sha256, save_artifact
+from irpe.models import load_checkpoint_with_info, read_checkpoint
+
+from . import metadata
+from .onnx import INPUT_NAME, OUTPUT_NAME, build_onnx, check_onnx
+from .parity import check_parity, format_report
+
+FORMATS = ("onnx", "tensorrt", "triton")
+
+
+class ExportError(ValueError):
+    """An export that cannot be completed; the message names the cause and the fix."""
+
+
+class Progress:
+    """Timed step lines on stderr (silent when disabled)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            print(f"irpe export: {text}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def step(self, text: str) -> Iterator[None]:
+        start = time.perf_counter()
+        self.say(f"{text} ...")
+        yield
+        self.say(f"{text}: done in {time.perf_counter() - start:.1f} s")
+
+
+def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
+    """Validate a comma string or sequence of formats; "onnx" is always produced."""
+    items = [f.strip().lower() for f in (formats.split(",") if isinstance(formats, str) else formats)]
+    bad = [f for f in items if f not in FORMATS]
+    if bad or not items:
+        raise ExportError(f"unknown --format {bad or items}; use a comma list of {', '.join(FORMATS)}")
+    return tuple(dict.fromkeys(["onnx", *items]))
+
+
+def _load(checkpoint: Path, name: str | None, overrides: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """(model in eval mode, CheckpointInfo, raw checkpoint dict for class names / preprocess).
+
+    load_checkpoint_with_info applies a training run's recorded ``args.overrides`` (explicit ones win).
+    """
+    raw = read_checkpoint(checkpoint)
+    model, info = load_checkpoint_with_info(checkpoint, name, **overrides)
+    return model, info, raw
+
+
+def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | None = None,
+                    overrides: dict | None = None, formats: str | Sequence[str] = ("onnx",),
+                    rpe_plugin: bool = False, opset: int = 17, max_batch: int = 32, fp16: bool = False,
+                    progress: bool = True) -> Path:
+    """Export ``checkpoint`` into ``out_dir`` (model.onnx, model.json; parity checked); returns out_dir."""
+    formats = parse_formats(formats)
+    if max_batch < 1:
+        raise ExportError(f"--max-batch must be >= 1, got {max_batch}")
+    out_dir, checkpoint = Path(out_dir), Path(checkpoint)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"{out_dir}: exists and is not a directory; pass -o a directory to write")
+    log = Progress(progress)
+    with log.step(f"loading {checkpoint}"):
+        model, info, raw = _load(checkpoint, name, dict(overrides or {}))
+    cfg = info.config
+    pp = metadata.preprocess_for(cfg.img_size, raw.get("preprocess"))
+    art = ModelArtifact(
+        name=info.name, architecture=metadata.architecture(info.name, cfg), img_size=cfg.img_size,
+        num_classes=cfg.num_classes, preprocess=pp, labels=metadata.labels_for(cfg.num_classes, info.class_names),
+        opset=opset, input_name=INPUT_NAME, output_name=OUTPUT_NAME, rpe_plugin=rpe_plugin,
+        checkpoint_sha256=file_sha256(checkpoint), versions=metadata.tool_versions())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx_path = out_dir / art.onnx_file
+    with log.step(f"building the ONNX graph ({info.name}, opset {opset}{', fp16' if fp16 else ''}"
+                  f"{', iRPE plugin ops' if rpe_plugin else ''})"):
+        proto = build_onnx(model, opset=opset, rpe_plugin=rpe_plugin, fp16=fp16)
+        check_onnx(proto, onnx_path)
+        metadata.set_metadata(proto, metadata.metadata_summary(art))
+        onnx.save(proto, str(onnx_path))
+    with log.step("parity with PyTorch (random inputs, batches 1 and 3; sample photographs)"):
+        art.parity = check_parity(model, onnx_path, pp, fp16=fp16, rpe_plugin=rpe_plugin)
+    log.say(format_report(art.parity))
+    metadata.set_metadata(proto, metadata.metadata_summary(art))
+    onnx.save(proto, str(onnx_path))
+    art.onnx_sha256 = file_sha256(onnx_path)
+    save_artifact(art, out_dir)
+    log.say(f"wrote {onnx_path} and {out_dir / 'model.json'}")
+    _extra_formats(art, out_dir, formats, max_batch=max_batch, fp16=fp16, log=log)
+    return out_dir
+
+
+def _extra_formats(art: ModelArtifact, out_dir: Path, formats: tuple[str, ...], *, max_batch: int,
+                   fp16: bool, log: Progress) -> None:
+    """TensorRT engine (recorded in model.json ``engines``) and Triton repository, after the ONNX artifact."""
+    if "tensorrt" not in formats and (out_dir / "model.plan").exists():
+        log.say(f"warning: {out_dir / 'model.plan'} is from an earlier export and does not match the new "
+                "ONNX graph; delete it or re-run with --format tensorrt")
+    if "tensorrt" in formats:
+        with log.step("building the TensorRT engine"):
+            art.engines["tensorrt"] = _tensorrt(art, out_dir, max_batch=max_batch, fp16=fp16)
+        save_artifact(art, out_dir)
+    if "triton" in formats:
+        with log.step("writing the Triton model repository"):
+            from .triton import triton_repo_from_artifact
+
+            root = triton_repo_from_artifact(out_dir, max_batch=max_batch)
+        log.say(f"wrote the Triton model repository {root}")
+
+
+def _tensorrt(art: ModelArtifact, out_dir: Path, *, max_batch: int, fp16: bool) -> dict[str, Any]:
+    """Build model.plan with the other helper's builder; a missing TensorRT becomes an ExportError."""
+    from irpe.plugins.tensorrt_plugin import TensorRTUnavailable
+
+    from .tensorrt import engine_from_onnx
+
+    try:
+        plan = engine_from_onnx(out_dir / art.onnx_file, out_dir / "model.plan", max_batch=max_batch,
+                                img_size=art.img_size, fp16=fp16, use_plugin=art.rpe_plugin)
+    except TensorRTUnavailable as e:
+        raise ExportError(f"{e} (the ONNX artifact in {out_dir} was written; only the TensorRT engine is "
+                          "missing)") from None
+    return {"file": plan.name, "sha256": file_sha256(plan), "max_batch": max_batch,
+            "precision": "fp16" if fp16 else "fp32", "rpe_plugin": art.rpe_plugin}
