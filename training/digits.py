@@ -48,17 +48,27 @@ def digits_preprocess(img_size: int = 32, mean: float = 0.0, std: float = 1.0) -
                       std=(std,) * 3, invert="auto", grayscale=True)
 
 
-def pixels01(images: np.ndarray, pp: Preprocess) -> torch.Tensor:
-    """(N, 3, S, S) [0, 1] tensors: preprocess_image of each rendered digit with mean 0 / std 1."""
+def pixels01(images: np.ndarray, pp: Preprocess, blocky: bool = False) -> torch.Tensor:
+    """(N, 3, S, S) [0, 1] tensors: preprocess_image of each rendered digit with mean 0 / std 1.
+
+    ``blocky`` renders each digit nearest-neighbour upscaled first (how a pixel-art PNG of an 8x8
+    digit looks), so the model also learns the blocky style users may POST.
+    """
     raw = unnormalized(pp)
-    return torch.from_numpy(np.stack([preprocess_image(digit_image(x), raw) for x in images]))
+
+    def render(x: np.ndarray) -> Image.Image:
+        img = digit_image(x)
+        return img.resize((4 * pp.resize, 4 * pp.resize), Image.NEAREST) if blocky else img
+
+    return torch.from_numpy(np.stack([preprocess_image(render(x), raw) for x in images]))
 
 
 class DigitsDataset(Dataset):
     """Pre-rendered digits; ``augment`` draws a random affine per sample from torch's global RNG."""
 
-    def __init__(self, pixels: torch.Tensor, labels: np.ndarray, pp: Preprocess, augment: bool) -> None:
-        self.pixels, self.labels = pixels, [int(y) for y in labels]
+    def __init__(self, pixels: torch.Tensor, labels: np.ndarray, pp: Preprocess, augment: bool,
+                 blocky: torch.Tensor | None = None) -> None:
+        self.pixels, self.labels, self.blocky = pixels, [int(y) for y in labels], blocky
         self.pp, self.augment = pp, augment
 
     def __len__(self) -> int:
@@ -67,6 +77,8 @@ class DigitsDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         x = self.pixels[index]
         if self.augment:
+            if self.blocky is not None and float(torch.rand(1)) < 0.3:
+                x = self.blocky[index]
             x = random_affine(x)
         return normalize(x, self.pp), self.labels[index]
 
@@ -90,5 +102,6 @@ def digits_bundle(img_size: int = 32) -> DataBundle:
     train_px, val_px = pixels01(x_tr, base), pixels01(x_va, base)
     mean, std = float(train_px.mean()), float(train_px.std())
     pp = digits_preprocess(img_size, round(mean, 4), round(std, 4))
-    return DataBundle(DigitsDataset(train_px, y_tr, pp, augment=True),
+    blocky_px = pixels01(x_tr, base, blocky=True)
+    return DataBundle(DigitsDataset(train_px, y_tr, pp, augment=True, blocky=blocky_px),
                       DigitsDataset(val_px, y_va, pp, augment=False), list(CLASS_NAMES), pp)
