@@ -77,7 +77,7 @@ class DigitsDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         x = self.pixels[index]
         if self.augment:
-            if self.blocky is not None and float(torch.rand(1)) < 0.3:
+            if self.blocky is not None and float(torch.rand(1)) < 0.5:
                 x = self.blocky[index]
             x = random_affine(x)
         return normalize(x, self.pp), self.labels[index]

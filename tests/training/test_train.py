@@ -15,22 +15,22 @@ from irpe.cli import main
 from irpe.models import CheckpointError, load_checkpoint_with_info
 from irpe.training.loop import train
 
-from .conftest import MICRO, tiny_config
+from .conftest import MICRO, SHORT_DIGITS, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_short_digits_run_improves_and_saves_an_official_checkpoint(digits_run):
     accs = [h["val_acc"] for h in digits_run.history]
-    assert len(accs) == 4 and accs[-1] >= accs[0] + 0.1 and accs[-1] > 0.2, accs
+    assert len(accs) == SHORT_DIGITS["epochs"] and accs[-1] >= accs[0] + 0.1 and accs[-1] > 0.2, accs
     raw = _load(digits_run.checkpoint)
     assert set(raw) == {"model", "optimizer", "lr_scheduler", "epoch", "args", "class_names", "preprocess"}
     assert isinstance(raw["args"], argparse.Namespace) and raw["args"].model == MICRO
-    assert raw["epoch"] == 3 and raw["class_names"] == [str(i) for i in range(10)]
+    assert raw["epoch"] == SHORT_DIGITS["epochs"] - 1 and raw["class_names"] == [str(i) for i in range(10)]
     pp = Preprocess(**raw["preprocess"])
     assert pp.grayscale and pp.invert == "auto" and pp.crop == 32 and len(pp.mean) == 3
     model, info = load_checkpoint_with_info(digits_run.checkpoint)
-    assert info.name == MICRO and info.epoch == 3 and info.class_names == raw["class_names"]
+    assert info.name == MICRO and info.epoch == SHORT_DIGITS["epochs"] - 1 and info.class_names == raw["class_names"]
     assert torch.equal(model.state_dict()["head.weight"], raw["model"]["head.weight"])
 
 
