@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
@@ -22,7 +23,7 @@ from irpe.artifact import ArtifactError
 from . import kserve, routes
 from .config import Settings
 from .engine import EngineError
-from .errors import install_error_handlers
+from .errors import drop_default_validation_error, install_error_handlers
 from .middleware import ObserveMiddleware
 from .state import ServerState
 
@@ -59,7 +60,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(routes.router)
     app.include_router(kserve.router)
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
+    _declare_real_errors(app)
     return app
+
+
+def _declare_real_errors(app: FastAPI) -> None:
+    """Errors are ``ErrorResponse`` (declared per route); drop FastAPI's default 422 schema from /openapi.json."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """The generated schema without ``HTTPValidationError`` (cached by FastAPI)."""
+        if app.openapi_schema is None:
+            app.openapi_schema = drop_default_validation_error(default_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app_from_env() -> FastAPI:

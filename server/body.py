@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header  # python-multipart's
 from starlette.requests import Request
 
 from .errors import APIError
@@ -57,8 +57,20 @@ async def read_images(request: Request, limit: int, max_files: int) -> list[byte
                    "multipart/form-data with field 'file' or a raw body with an image/* content type")
 
 
+class ImageFormParser(MultiPartParser):
+    """Starlette's parser, except that a part named ``file`` is always a file (raw bytes), even without a
+    ``filename`` in its Content-Disposition: no text decoding, no 1 MB text-field cap. Other fields are text."""
+
+    def on_headers_finished(self) -> None:
+        """Give a filename-less ``file`` part an empty filename so the base class spools it as a file."""
+        _, options = parse_options_header(self._current_part.content_disposition)
+        if options.get(b"name") == FILE_FIELD.encode() and b"filename" not in options:
+            self._current_part.content_disposition += b'; filename=""'
+        super().on_headers_finished()
+
+
 async def _read_multipart(request: Request, limit: int, max_files: int) -> list[bytes]:
-    parser = MultiPartParser(request.headers, limited_stream(request, limit), max_files=max_files + 1)
+    parser = ImageFormParser(request.headers, limited_stream(request, limit), max_files=max_files + 1)
     try:
         form = await parser.parse()
     except MultiPartException as e:

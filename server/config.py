@@ -32,6 +32,7 @@ class Settings:
     timeout_s: float = 30.0
     api_key: str = ""
     log_level: str = "info"
+    jpeg_draft: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -99,7 +100,14 @@ def _cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _parse(name: str, raw: str, kind: type) -> Any:
+    if kind is bool:
+        if raw.strip().lower() not in _TRUE + _FALSE:
+            raise ValueError(f"IRPE_{name.upper()}={raw!r}: expected 1/0, true/false, yes/no or on/off")
+        return raw.strip().lower() in _TRUE
     try:
         if kind is int:
             return int(float(raw))

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("irpe.server")
@@ -16,6 +17,50 @@ _STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404:
                  405: "method_not_allowed", 413: "payload_too_large", 415: "unsupported_media_type",
                  422: "validation_error", 429: "too_many_requests", 500: "internal_error",
                  503: "unavailable", 504: "timeout"}
+
+_DESCRIPTIONS = {400: "Bad request: empty, truncated or corrupt image, bad multipart, bad or non-finite tensor",
+                 401: "Missing or wrong API key (only when IRPE_API_KEY is set)",
+                 404: "No such model (or route)",
+                 413: "Body over --max-body-mb, image over --max-pixels, or too many files/images",
+                 415: "Not an image, or an unsupported content type",
+                 422: "Invalid parameter (e.g. top_k)",
+                 500: "Unexpected server or inference error (logged)",
+                 503: "Not ready, queue full or shutting down (see Retry-After)",
+                 504: "Request deadline (--timeout-s) passed"}
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong: a stable machine code and a human message."""
+
+    model_config = ConfigDict(extra="forbid")
+    code: str = Field(min_length=1, description="stable machine code, e.g. invalid_input")
+    message: str = Field(min_length=1, description="human-readable explanation")
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer."""
+
+    model_config = ConfigDict(extra="forbid")
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` declaring :class:`ErrorResponse` for ``statuses``."""
+    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+
+
+def drop_default_validation_error(schema: dict[str, Any]) -> dict[str, Any]:
+    """Remove FastAPI's default 422 (``HTTPValidationError``, never sent here) from an OpenAPI schema."""
+    default = "#/components/schemas/HTTPValidationError"
+    for operations in schema.get("paths", {}).values():
+        for op in operations.values():
+            resp = op.get("responses", {}).get("422", {})
+            if resp.get("content", {}).get("application/json", {}).get("schema", {}).get("$ref") == default:
+                del op["responses"]["422"]
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    return schema
 
 
 class APIError(Exception):

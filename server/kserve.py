@@ -22,7 +22,7 @@ import irpe
 from irpe.artifact import ModelArtifact
 
 from .body import read_limited
-from .errors import APIError
+from .errors import APIError, error_responses
 from .state import ServerState, get_state
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -66,9 +66,13 @@ def parse_infer(body: bytes, header_len: str | None, art: ModelArtifact) -> tupl
             flat = np.frombuffer(body[split:split + int(size)], dtype=dtype)
         else:
             flat = np.asarray(spec.get("data"), dtype=dtype)
-        images = flat.reshape(shape).astype(np.float32)
+        with np.errstate(over="ignore"):  # FP64 beyond the FP32 range becomes inf, refused below
+            images = flat.reshape(shape).astype(np.float32)
     except (ValueError, TypeError, AttributeError, RecursionError) as e:
         raise _bad(f"input data does not match shape {shape} ({e})") from None
+    if not np.isfinite(images).all():
+        raise _bad(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or +-Inf, "
+                   "or beyond the FP32 range); send finite numbers")
     return req, images
 
 
@@ -122,7 +126,7 @@ def render_response(req: dict[str, Any], logits: np.ndarray, art: ModelArtifact)
         elif out["datatype"] == "FP32":
             out["data"] = out["data"].reshape(-1).tolist()
         head["outputs"].append(out)
-    text = json.dumps(head).encode()
+    text = json.dumps(head, allow_nan=False).encode()
     if not blobs:
         return Response(text, media_type="application/json")
     return Response(text + b"".join(blobs), media_type="application/octet-stream",
@@ -141,10 +145,17 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         raise APIError(413, "too_many_images", f"{len(images)} images; the limit is {state.settings.max_queue}")
     results = await state.with_deadline(state.infer(list(images)), started)
     logits = np.stack([r.logits for r in results])  # type: ignore[attr-defined]
+    if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
+        raise _bad("the model output is not finite for this input (values too large?)")
     return await loop.run_in_executor(state.pool, render_response, req, logits, art)
 
 
-@router.get("")
+_MODEL_ERRORS = error_responses(401, 404)
+_INFER_ERRORS = error_responses(400, 401, 404, 413, 500, 503, 504)
+_READY_503 = {503: {"description": "not ready (body says ready: false)"}}
+
+
+@router.get("", responses=error_responses(401))
 async def server_metadata() -> dict[str, Any]:
     """Server name, version and protocol extensions."""
     return {"name": "irpe-deploy", "version": irpe.__version__,
@@ -157,7 +168,7 @@ async def live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/health/ready")
+@router.get("/health/ready", responses=_READY_503)
 async def ready(request: Request) -> JSONResponse:
     """Readiness (503 until warmed up)."""
     ok = get_state(request).ready
@@ -172,16 +183,16 @@ def _metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
             "outputs": [{"name": art.output_name, "datatype": "FP32", "shape": [-1, art.num_classes]}]}
 
 
-@router.get("/models/{name}")
-@router.get("/models/{name}/versions/{version}")
+@router.get("/models/{name}", responses=_MODEL_ERRORS)
+@router.get("/models/{name}/versions/{version}", responses=_MODEL_ERRORS)
 async def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     """Inputs, outputs and platform of the model."""
     state = get_state(request)
     return _metadata(state, _model(state, name, version))
 
 
-@router.get("/models/{name}/ready")
-@router.get("/models/{name}/versions/{version}/ready")
+@router.get("/models/{name}/ready", responses={**_MODEL_ERRORS, **_READY_503})
+@router.get("/models/{name}/versions/{version}/ready", responses={**_MODEL_ERRORS, **_READY_503})
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
     """Model readiness (503 until warmed up)."""
     state = get_state(request)
@@ -189,8 +200,8 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
     return JSONResponse({"name": name, "ready": state.ready}, status_code=200 if state.ready else 503)
 
 
-@router.post("/models/{name}/infer")
-@router.post("/models/{name}/versions/{version}/infer")
+@router.post("/models/{name}/infer", responses=_INFER_ERRORS)
+@router.post("/models/{name}/versions/{version}/infer", responses=_INFER_ERRORS)
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     """Run ``images`` [N,3,H,W] FP32 through the model (batched with /classify traffic)."""
     return await _infer(request, name, version)

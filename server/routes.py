@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,11 @@ from irpe.artifact import ModelArtifact
 
 from .batching import Result
 from .body import read_images
-from .errors import APIError
+from .errors import APIError, error_responses
 from .state import ServerState, get_state
 
 STATIC = Path(__file__).with_name("static")
+log = logging.getLogger("irpe.server")
 router = APIRouter()
 
 _CLASSIFY_BODY = {"requestBody": {"required": True, "content": {
@@ -32,6 +34,14 @@ class Prediction(BaseModel):
     index: int
     label: str
     probability: float
+
+
+class HealthStatus(BaseModel):
+    status: str
+    detail: str | None = None
+
+
+_HEALTH_503 = {503: {"model": HealthStatus, "description": "not ready / warm-up failed"}}
 
 
 class ClassifyResponse(BaseModel):
@@ -58,7 +68,8 @@ def _timing(decode_s: float, results: list[Result], started: float) -> dict[str,
 
 
 @router.post("/classify", response_model=None, openapi_extra=_CLASSIFY_BODY,
-             responses={200: {"model": ClassifyResponse}}, tags=["classify"])
+             responses={200: {"model": ClassifyResponse},
+                        **error_responses(400, 401, 413, 415, 422, 500, 503, 504)}, tags=["classify"])
 async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
                                                           description="classes per image")) -> JSONResponse:
     """Classify one or several images (multipart field ``file``, repeatable, or a raw image body)."""
@@ -76,6 +87,9 @@ async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
         return arrays, decode_s, await state.infer(arrays)
 
     _, decode_s, results = await state.with_deadline(work(), started)  # type: ignore[misc]
+    if not all(np.isfinite(r.logits).all() for r in results):
+        log.error("model %s produced non-finite logits on /classify", art.name)
+        raise APIError(500, "non_finite_output", "the model produced NaN/Inf logits for this image")
     preds = [top_k(r.logits, top_k_, art.labels) for r in results]
     return JSONResponse({"model": art.name, "predictions": preds,
                          "timing_ms": _timing(decode_s, results, started),
@@ -90,17 +104,17 @@ def model_metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
             "opset": art.opset, "versions": art.versions, "parity": art.parity, "ready": state.ready,
             "backend": info.backend if info else None, "device": info.device if info else None,
             "providers": info.providers if info else [], "batch_sizes": info.batch_sizes if info else [],
-            "max_wait_ms": state.settings.max_wait_ms}
+            "max_wait_ms": state.settings.max_wait_ms, "jpeg_draft": state.settings.jpeg_draft}
 
 
-@router.get("/v1/models", tags=["models"])
+@router.get("/v1/models", tags=["models"], responses=error_responses(401, 500))
 async def list_models(request: Request) -> dict[str, Any]:
     """Metadata of the served model (from model.json) and the engine running it."""
     state = get_state(request)
     return {"models": [model_metadata(state, state.art)] if state.art else []}
 
 
-@router.get("/v1/models/{name}", tags=["models"])
+@router.get("/v1/models/{name}", tags=["models"], responses=error_responses(401, 404, 500))
 async def get_model(request: Request, name: str) -> dict[str, Any]:
     """Metadata of one model (404 for another name)."""
     state = get_state(request)
@@ -109,7 +123,7 @@ async def get_model(request: Request, name: str) -> dict[str, Any]:
     return model_metadata(state, state.art)
 
 
-@router.get("/healthz", tags=["health"])
+@router.get("/healthz", tags=["health"], responses={200: {"model": HealthStatus}, **_HEALTH_503})
 async def healthz(request: Request) -> JSONResponse:
     """Liveness: the process answers (fails only if warm-up failed)."""
     state = get_state(request)
@@ -118,7 +132,7 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/readyz", tags=["health"])
+@router.get("/readyz", tags=["health"], responses={200: {"model": HealthStatus}, **_HEALTH_503})
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: 503 until the model is loaded and every batch size warmed up."""
     state = get_state(request)
@@ -128,7 +142,7 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics", tags=["health"])
+@router.get("/metrics", tags=["health"], responses=error_responses(401, 500))
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     from prometheus_client import CONTENT_TYPE_LATEST

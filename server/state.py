@@ -86,7 +86,8 @@ class ServerState:
         art, _ = self.require_ready()
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
-        jobs = [loop.run_in_executor(self.pool, _timed_prepare, b, art, self.settings.max_pixels)
+        s = self.settings
+        jobs = [loop.run_in_executor(self.pool, _timed_prepare, b, art, s.max_pixels, s.jpeg_draft)
                 for b in blobs]
         done = await asyncio.gather(*jobs)
         for _, seconds in done:
@@ -115,9 +116,10 @@ class ServerState:
                            "(--timeout-s)") from None
 
 
-def _timed_prepare(data: bytes, art: ModelArtifact, max_pixels: int) -> tuple[np.ndarray, float]:
+def _timed_prepare(data: bytes, art: ModelArtifact, max_pixels: int,
+                   jpeg_draft: bool = False) -> tuple[np.ndarray, float]:
     start = time.perf_counter()
-    x = prepare(data, art.preprocess, max_pixels)
+    x = prepare(data, art.preprocess, max_pixels, jpeg_draft=jpeg_draft)
     return x, time.perf_counter() - start
 
 

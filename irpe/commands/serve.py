@@ -36,6 +36,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-pixels", type=lambda s: int(float(s)), help="pixel limit per image (default 40e6)")
     p.add_argument("--timeout-s", type=float, help="per-request deadline, 504 after (default 30)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--jpeg-draft", action="store_true", default=None,
+                   help="decode JPEGs at a reduced DCT scale >= the resize size (faster, not bit-exact; "
+                   "default off)")
     p.set_defaults(func=run_serve)
 
 
@@ -46,7 +49,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from irpe.server.config import Settings
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
-            "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level"]
+            "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
+            "jpeg_draft"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
     load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
     serve(settings)

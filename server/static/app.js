@@ -28,7 +28,7 @@ function showBars(preds) {
     const row = document.createElement("div");
     row.className = "bar";
     const pct = (100 * p.probability).toFixed(1);
-    row.innerHTML = '<span class="label"></span><div class="track"><div class="fill"></div></div><span></span>';
+    row.innerHTML = '<span class="label"></span><div class="track"><div class="fill"></div></div><span class="pct"></span>';
     row.children[0].textContent = p.label;
     row.children[0].title = p.label + " (#" + p.index + ")";
     row.children[1].firstChild.style.width = pct + "%";

@@ -43,6 +43,11 @@ def test_demo_page_classifies_an_upload(server: ServerProcess, tmp_path: Path) -
             assert all(label.startswith("class_") for label in labels), labels
             widths = [float(w.rstrip("%")) for w in bars.locator("span:last-child").all_text_contents()]
             assert widths == sorted(widths, reverse=True) and 0 < sum(widths) <= 100.5, widths
+            tracks = [bars.nth(i).locator("div.track").bounding_box() for i in range(5)]
+            edges = {(round(t["x"], 1), round(t["x"] + t["width"], 1)) for t in tracks if t}
+            assert len(tracks) == 5 and len(edges) == 1, f"bar tracks do not line up: {edges}"
+            pct = bars.locator("span.pct")
+            assert pct.count() == 5 and pct.first.evaluate("e => getComputedStyle(e).textAlign") == "right"
             assert page.locator("#error").text_content() == ""
             assert page.locator("#preview").is_visible()
             SCREENSHOT.parent.mkdir(exist_ok=True)

@@ -1,5 +1,6 @@
 """Schemathesis against the server's own ``/openapi.json`` (bounded, 127.0.0.1 only): no 5xx, 2xx JSON
-bodies conform to the declared schema, 4xx bodies have the JSON error shape.
+bodies conform to the declared schema, 4xx answers are declared and their bodies conform to the declared
+``ErrorResponse`` (and have the JSON error shape).
 
 The operations are read from the live schema at test time (schemathesis' lazy ``from_fixture`` loader does
 not work with this pytest), and each gets ``MAX_EXAMPLES`` Hypothesis examples.
@@ -10,10 +11,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from schemathesis.specs.openapi.checks import response_schema_conformance
+from schemathesis.core.failures import FailureGroup
+from schemathesis.openapi.checks import JsonSchemaError
+from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from tests.reliability.procs import ServerProcess
 from tests.reliability.record import RECORDS
@@ -30,6 +35,7 @@ def _check(case: schemathesis.Case, server: ServerProcess) -> int:
     if response.status_code < 300 and "application/json" in ctype:
         case.validate_response(response, checks=[response_schema_conformance])
     elif response.status_code >= 400 and case.operation.path not in ("/readyz", "/healthz", "/v2/health/ready"):
+        case.validate_response(response, checks=[status_code_conformance, response_schema_conformance])
         body = response.json()
         assert set(body) == {"error"} and body["error"]["code"] and body["error"]["message"], f"{where}: {body}"
     return response.status_code
@@ -72,3 +78,52 @@ def test_openapi_operations(server: ServerProcess) -> None:
     log = server.output()
     assert server.proc.poll() is None
     assert "Traceback" not in log and "unhandled error" not in log, log[-3000:]
+
+
+ERROR_REF = "#/components/schemas/ErrorResponse"
+
+
+def test_error_responses_declare_the_real_error_model(server: ServerProcess) -> None:
+    """Every declared 4xx/5xx of the non-health routes is ErrorResponse; FastAPI's default 422 is gone."""
+    spec = httpx.get(server.url + "/openapi.json").json()
+    assert "HTTPValidationError" not in str(spec) and "ValidationError" not in spec["components"]["schemas"]
+    error = spec["components"]["schemas"]["ErrorResponse"]
+    assert error["required"] == ["error"] and error.get("additionalProperties") is False
+    declared = {}
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            for status, resp in op["responses"].items():
+                if status >= "400" and path not in ("/healthz", "/readyz") and not path.endswith("ready"):
+                    ref = resp["content"]["application/json"]["schema"]["$ref"]
+                    assert ref == ERROR_REF, f"{method} {path} {status}: {ref}"
+                    declared.setdefault(f"{method} {path}", set()).add(status)
+    assert declared["post /classify"] == {"400", "401", "413", "415", "422", "500", "503", "504"}
+    assert {"400", "404", "413"} <= declared["post /v2/models/{name}/infer"]
+    assert declared["get /v1/models/{name}"] == {"401", "404", "500"}
+
+
+ERRORS = [  # (path, method, request kwargs, status)
+    ("/classify", "POST", {"params": {"top_k": 0}, "content": b"x", "headers": {"content-type": "image/png"}}, 422),
+    ("/classify", "POST", {"content": b"", "headers": {"content-type": "image/png"}}, 400),
+    ("/classify", "POST", {"content": b"plain", "headers": {"content-type": "text/plain"}}, 415),
+    ("/classify", "POST", {"content": b"not an image", "headers": {"content-type": "image/png"}}, 415),
+    ("/v1/models/{name}", "GET", {}, 404),
+    ("/v2/models/{name}/infer", "POST", {"content": b'{"inputs": []}'}, 400),
+    ("/v2/models/{name}/infer", "POST", {"content": b"{nope"}, 400),
+]
+
+
+@pytest.mark.parametrize(("path", "method", "kwargs", "status"), ERRORS)
+def test_error_answers_conform_to_the_declared_schema(server: ServerProcess, path: str, method: str,
+                                                      kwargs: dict[str, Any], status: int) -> None:
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    url = server.url + path.replace("{name}", "nope" if status == 404 else "tiny-mean")
+    response = httpx.request(method, url, timeout=30, **kwargs)
+    assert response.status_code == status, response.text
+    assert schema[path][method].validate_response(response) is not False
+    fake = httpx.Response(status, json={"detail": [{"loc": ["query"], "msg": "x", "type": "y"}]},
+                          request=response.request)
+    fake.elapsed = response.elapsed
+    with pytest.raises(FailureGroup) as failed:  # FastAPI's default shape would not conform
+        schema[path][method].validate_response(fake)
+    assert any(isinstance(f, JsonSchemaError) for f in failed.value.exceptions), failed.value.exceptions

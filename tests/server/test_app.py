@@ -207,3 +207,44 @@ def test_too_many_files_is_413(server_url: str) -> None:
         files = [("file", (f"{i}.png", tiny, "image/png")) for i in range(n)]
         r = httpx.post(server_url + "/classify", files=files)
         assert (r.status_code, r.json()["error"]["code"]) == (413, "too_many_files")
+
+
+def _multipart(parts: list[tuple[str, str | None, bytes]], boundary: str = "irpe-test-boundary") -> dict:
+    """httpx kwargs for a hand-built multipart body: (field name, filename or None, content) per part."""
+    chunks = []
+    for name, filename, content in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename is not None else "")
+        chunks.append(f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + content + b"\r\n")
+    return {"content": b"".join(chunks) + f"--{boundary}--\r\n".encode(),
+            "headers": {"content-type": f"multipart/form-data; boundary={boundary}"}}
+
+
+def test_file_part_without_filename_is_a_file(server_url: str) -> None:
+    """A ``file`` part with no filename is read as raw image bytes (not decoded as a text field)."""
+    data = encode(image(seed=3))
+    assert b"\x89PNG" in data  # not valid UTF-8: a text-field decode would have mangled it
+    r = httpx.post(server_url + "/classify?top_k=3", **_multipart([("file", None, data)]))
+    assert r.status_code == 200, r.text
+    _check(r.json()["predictions"][0], _expected(3), 3)
+
+
+def test_file_parts_with_and_without_filename_are_both_classified(server_url: str) -> None:
+    parts = [("file", None, encode(image(seed=1))), ("note", None, b"just text"),
+             ("file", "two.png", encode(image(seed=2)))]
+    r = httpx.post(server_url + "/classify?top_k=2", **_multipart(parts))
+    assert r.status_code == 200, r.text
+    preds = r.json()["predictions"]
+    assert len(preds) == 2  # the text field "note" is ignored, both file parts count, in order
+    _check(preds[0], _expected(1), 2)
+    _check(preds[1], _expected(2), 2)
+
+
+def test_file_part_without_filename_holding_text_is_415_not_missing_file(server_url: str) -> None:
+    r = httpx.post(server_url + "/classify", **_multipart([("file", None, b"hello, not an image")]))
+    assert (r.status_code, r.json()["error"]["code"]) == (415, "unsupported_media_type")
+
+
+def test_text_fields_under_other_names_are_ignored(server_url: str) -> None:
+    only_text = httpx.post(server_url + "/classify", **_multipart([("image", None, encode(image()))]))
+    assert (only_text.status_code, only_text.json()["error"]["code"]) == (400, "missing_file")
+    assert "image" in only_text.json()["error"]["message"]

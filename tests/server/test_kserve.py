@@ -6,6 +6,7 @@ import json
 
 import httpx
 import numpy as np
+import pytest
 
 from tests.server.helpers import LABELS, expected_logits
 
@@ -81,3 +82,72 @@ def test_infer_bad_input(server_url: str) -> None:
         r = httpx.post(url, json=req)
         assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_input")
     assert httpx.post(url, content=b"{not json").status_code == 400
+
+
+def _strict_json(text: bytes) -> object:
+    """json.loads that refuses the NaN / Infinity / -Infinity tokens Python's json accepts by default."""
+    def refuse(token: str) -> None:
+        raise AssertionError(f"bare {token} in a response body")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _infer_json_text(x: np.ndarray, datatype: str = "FP32") -> bytes:
+    """A JSON infer request; non-finite values become the (non-standard) NaN/Infinity tokens."""
+    req = {"inputs": [{"name": "images", "shape": list(x.shape), "datatype": datatype,
+                       "data": x.reshape(-1).astype(np.float64).tolist()}]}
+    return json.dumps(req, allow_nan=True).encode()
+
+
+def _infer_binary(x: np.ndarray, datatype: str = "FP32") -> tuple[bytes, dict[str, str]]:
+    header = json.dumps({"inputs": [{"name": "images", "shape": list(x.shape), "datatype": datatype,
+                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("wire", ["json", "binary"])
+def test_non_finite_input_is_400_invalid_input(server_url: str, bad: float, wire: str) -> None:
+    x = _images(2)
+    x[1, 2, 5, 7] = bad
+    body, headers = (_infer_json_text(x), {}) if wire == "json" else _infer_binary(x)
+    assert (b"NaN" in body or b"Infinity" in body) == (wire == "json")  # the request really carries it
+    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert r.status_code == 400, r.text
+    body_json = _strict_json(r.content)
+    assert body_json["error"]["code"] == "invalid_input" and "non-finite" in body_json["error"]["message"]
+
+
+@pytest.mark.parametrize("wire", ["json", "binary"])
+def test_fp64_beyond_fp32_range_is_refused(server_url: str, wire: str) -> None:
+    x = np.zeros((1, 3, 32, 32), dtype=np.float64)
+    x[0, 0, 0, 0] = 1e300  # finite in FP64, +inf once cast to FP32
+    body, headers = (_infer_json_text(x, "FP64"), {}) if wire == "json" else _infer_binary(x, "FP64")
+    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert (r.status_code, _strict_json(r.content)["error"]["code"]) == (400, "invalid_input")
+
+
+@pytest.mark.parametrize("classification", [0, 3])
+@pytest.mark.parametrize("wire", ["json", "binary"])
+def test_overflowing_output_never_leaks_nan(server_url: str, wire: str, classification: int) -> None:
+    """Finite FP32 input whose mean overflows inside the model: a 400, never NaN/Infinity in the body."""
+    x = np.full((1, 3, 32, 32), 3e38, dtype=np.float32)
+    body, headers = (_infer_json_text(x), {}) if wire == "json" else _infer_binary(x)
+    if classification:
+        req = json.loads(body[:int(headers.get("Inference-Header-Content-Length", len(body)))])
+        req["outputs"] = [{"name": "logits", "parameters": {"classification": classification}}]
+        head = json.dumps(req).encode()
+        body = head + body[len(body) - x.nbytes:] if headers else head
+        headers = {"Inference-Header-Content-Length": str(len(head))} if headers else {}
+    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", content=body, headers=headers)
+    answer = _strict_json(r.content)
+    assert r.status_code == 400 and "outputs" not in answer and answer["error"]["code"] == "invalid_input"
+
+
+def test_finite_answers_are_strict_json(server_url: str) -> None:
+    x = _images(2) * 1e3
+    for classification in (0, 2):
+        req = json.loads(_infer_json_text(x))
+        req["outputs"] = [{"name": "logits", "parameters": {"classification": classification}}]
+        r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", json=req)
+        assert r.status_code == 200
+        assert _strict_json(r.content)["outputs"][0]["shape"][0] == 2
