@@ -136,7 +136,8 @@ def load_checkpoint_with_info(path: str | Path, name: str | None = None,
     path = Path(path)
     ckpt = read_checkpoint(path)
     sd = ckpt["model"]
-    if name is None and (stored := _stored_name(ckpt)) is not None:
+    stored = _stored_name(ckpt)
+    if stored is not None and name in (None, stored):  # the run's recorded overrides; explicit ones win
         name, overrides = stored, {**_stored_overrides(ckpt), **overrides}
     if name is not None:
         cfg = get_config(name, **overrides)

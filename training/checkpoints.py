@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from irpe.models import CheckpointInfo, load_checkpoint_with_info, read_checkpoint
-
 from .data import DataBundle
 from .recipe import WarmupCosine
 
@@ -70,16 +68,3 @@ def load_resume(ckpt: dict[str, Any], cfg: TrainConfig, model: nn.Module, opt: t
     sched.load_state_dict(ckpt["lr_scheduler"])
     sched.set_total_steps(total)  # a longer --epochs extends the cosine
     return int(ckpt["epoch"]) + 1
-
-
-def stored_overrides(path: str | Path) -> dict[str, Any]:
-    """The create_model overrides ``irpe train`` recorded in ``args.overrides`` (else none)."""
-    args = read_checkpoint(path).get("args")
-    found = getattr(args, "overrides", None) if not isinstance(args, dict) else args.get("overrides")
-    return dict(found) if isinstance(found, dict) else {}
-
-
-def load_trained(path: str | Path, name: str | None = None,
-                 **overrides: Any) -> tuple[nn.Module, CheckpointInfo]:
-    """load_checkpoint_with_info with the run's recorded overrides (explicit ones win)."""
-    return load_checkpoint_with_info(path, name, **{**stored_overrides(path), **overrides})

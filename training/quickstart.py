@@ -90,20 +90,12 @@ def exported_artifact(checkpoint: Path, out_dir: Path, progress: bool = True) ->
 
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent))
     try:
-        export_artifact(checkpoint, tmp, progress=progress, **_stored_model(checkpoint))
+        export_artifact(checkpoint, tmp, progress=progress)  # recorded overrides apply on load
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
-
-
-def _stored_model(checkpoint: Path) -> dict[str, object]:
-    """name/overrides recorded by ``irpe train`` (none for other checkpoints)."""
-    from .checkpoints import stored_overrides
-
-    overrides = stored_overrides(checkpoint)
-    return {"overrides": overrides} if overrides else {}
 
 
 def prepare_artifact(checkpoint: str | Path | None = None, data_dir: str | Path | None = None,

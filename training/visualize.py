@@ -126,9 +126,9 @@ def plot_learned_rpe(checkpoint: str | Path, out_dir: str | Path, name: str | No
                      overrides: dict[str, Any] | None = None, refs: int = 3, data: str | None = None,
                      samples: int = 64) -> list[Path]:
     """One ``rpe_layer{i}.png`` per block: refs x refs reference patches, each with its key map."""
-    from .checkpoints import load_trained
+    from irpe.models import load_checkpoint_with_info
 
-    model, info = load_trained(checkpoint, name, **(overrides or {}))
+    model, info = load_checkpoint_with_info(checkpoint, name, **(overrides or {}))
     x = _inputs(info.config.img_size, data, samples)
     maps = attention_rpe(model, x)
     out = Path(out_dir)

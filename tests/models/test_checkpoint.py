@@ -127,3 +127,13 @@ def test_overrides_recorded_in_args_are_applied(tmp_path):
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
+
+
+def test_recorded_overrides_apply_when_the_stored_name_is_passed_explicitly(tmp_path):
+    name = "deit_tiny_patch16_224"
+    model = create_model(name, img_size=32, num_classes=3)
+    path = tmp_path / "trained.pth"
+    torch.save({"model": model.state_dict(),
+                "args": argparse.Namespace(model=name, overrides={"img_size": 32, "num_classes": 3})}, path)
+    assert load_checkpoint_with_info(path, name)[1].config.num_classes == 3
+    assert load_checkpoint_with_info(path, name, num_classes=3)[1].config.img_size == 32
