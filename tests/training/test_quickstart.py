@@ -3,7 +3,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import torch
 
 from irpe.cli import main
 from irpe.training.quickstart import config_hash, prepare_artifact, quickstart_config, resolve_data_dir
+from tests.server.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,12 +68,6 @@ def test_quickstart_reuses_the_cached_checkpoint_and_artifact(digits_run, tmp_pa
     assert meta["preprocess"]["invert"] == "auto" and meta["labels"][3] == "3"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:
     end = time.time() + timeout
     while time.time() < end:
@@ -95,7 +89,7 @@ def test_quickstart_with_checkpoint_exports_and_serves(digits_run, tmp_path):
 
     from irpe.training.digits import digit_image, split_digits
 
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "irpe", "quickstart", "--checkpoint", str(digits_run.checkpoint),
            "--data-dir", str(tmp_path), "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
