@@ -9,21 +9,8 @@ ARG VARIANT=gpu
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# --- build the wheel (no compiler needed: pure Python) ---
-FROM ${PYTHON_IMAGE} AS wheel
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY irpe ./irpe
-COPY artifact ./artifact
-COPY server ./server
-COPY models ./models
-COPY export ./export
-COPY plugins ./plugins
-COPY training ./training
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
-
-# --- GPU runtime: CUDA 12 + cuDNN 9 libraries, onnxruntime-gpu ---
-FROM ${CUDA_IMAGE} AS runtime-gpu
+# --- GPU base: CUDA 12 + cuDNN 9 libraries, onnxruntime-gpu ---
+FROM ${CUDA_IMAGE} AS base-gpu
 ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -32,14 +19,34 @@ RUN apt-get update \
     && python3 -m venv /opt/venv
 ENV IRPE_EXTRA=gpu IRPE_DEVICE=cuda
 
-# --- CPU runtime ---
-FROM ${PYTHON_IMAGE} AS runtime-cpu
+# --- CPU base ---
+FROM ${PYTHON_IMAGE} AS base-cpu
 RUN python -m venv /opt/venv
 ENV IRPE_EXTRA="" IRPE_DEVICE=cpu
 
+# --- build the wheel on the same base (same Python): the exact-resize C kernels need a compiler ---
+# hadolint ignore=DL3006
+FROM base-${VARIANT} AS wheel
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && if [ "$IRPE_DEVICE" = "cuda" ]; then apt-get install -y --no-install-recommends python3-dev; fi \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY irpe ./irpe
+COPY artifact ./artifact
+COPY server ./server
+COPY models ./models
+COPY export ./export
+COPY plugins ./plugins
+COPY training ./training
+RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && /opt/venv/bin/python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/wheels/*.whl')[0]).namelist(); sys.exit(not any('_resample' in n for n in names))"
+
 # --- final image, from the variant picked with --build-arg VARIANT=gpu|cpu ---
 # hadolint ignore=DL3006
-FROM runtime-${VARIANT} AS final
+FROM base-${VARIANT} AS final
 ARG TENSORRT=0
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 from PIL import Image
 
+from .resample import resize_crop
 from .schema import Preprocess
 
 _RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
@@ -60,27 +61,42 @@ def _table(mean: tuple[float, ...], std: tuple[float, ...], invert: bool) -> np.
     return np.ascontiguousarray((v[None, :] - m) / s, dtype=np.float32)
 
 
-def _normalise_lut(img: Image.Image, pp: Preprocess) -> np.ndarray:
+def _normalise_lut(u8: np.ndarray, pp: Preprocess) -> np.ndarray:
     """Table lookup per channel: bit-identical to scale/invert/normalise, about 3x cheaper."""
     table = _table(tuple(pp.mean), tuple(pp.std), pp.invert == "always")
-    u8 = np.asarray(img)
     out = np.empty((3, *u8.shape[:2]), dtype=np.float32)
     for c in range(3):
         np.take(table[c], u8[..., c], out=out[c])
     return out
 
 
-def preprocess_image(img: Image.Image, pp: Preprocess) -> np.ndarray:
-    """Decoded RGB image -> float32 (3, crop, crop) normalised array."""
+def crop_uint8(img: Image.Image, pp: Preprocess, accelerated: bool = True) -> np.ndarray:
+    """Decoded image -> (crop, crop, 3) uint8 after colour conversion, resize and center crop.
+
+    ``accelerated`` uses :func:`irpe.artifact.resample.resize_crop` where it applies (same pixels as
+    Pillow, computed only for the crop); ``False`` always runs Pillow's resize and crop.
+    """
     if pp.grayscale:
         img = img.convert("L").convert("RGB")
     elif img.mode != "RGB":
         img = img.convert("RGB")
-    img = center_crop(resize_shorter(img, pp.resize, pp.interpolation), pp.crop)
+    fast = resize_crop(img, pp.resize, pp.crop, pp.interpolation) if accelerated else None
+    if fast is not None:
+        return fast
+    return np.asarray(center_crop(resize_shorter(img, pp.resize, pp.interpolation), pp.crop))
+
+
+def normalise(u8: np.ndarray, pp: Preprocess) -> np.ndarray:
+    """(H, W, 3) uint8 -> float32 (3, H, W): scale to [0, 1], invert as configured, normalise."""
     if pp.invert in ("never", "always") and len(pp.mean) == len(pp.std) == 3:
-        return _normalise_lut(img, pp)
-    arr = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
+        return _normalise_lut(u8, pp)
+    arr = u8.astype(np.float32).transpose(2, 0, 1) / np.float32(255.0)
     arr = _maybe_invert(arr, pp.invert)
     mean = np.asarray(pp.mean, dtype=np.float32)[:, None, None]
     std = np.asarray(pp.std, dtype=np.float32)[:, None, None]
     return np.ascontiguousarray((arr - mean) / std, dtype=np.float32)
+
+
+def preprocess_image(img: Image.Image, pp: Preprocess, accelerated: bool = True) -> np.ndarray:
+    """Decoded RGB image -> float32 (3, crop, crop) normalised array (see :func:`crop_uint8`)."""
+    return normalise(crop_uint8(img, pp, accelerated), pp)

@@ -1,6 +1,7 @@
 """The comparison baseline: a plain FastAPI server running one inference per request (no batching).
 
-It is what one writes first: a sync endpoint (FastAPI's thread pool), decode + the same preprocessing,
+It is what one writes first: a sync endpoint (FastAPI's thread pool), decode + the reference preprocessing
+(Pillow's resize and crop, same pixels as the served path),
 ``session.run`` on a batch of one with ONNX Runtime's default session options.
 Run: ``python -m irpe.benchmarks.naive_server ARTIFACT_DIR PORT``.
 """
@@ -36,7 +37,7 @@ def create_naive_app(artifact_dir: str | Path) -> FastAPI:
     def classify(file: UploadFile = File(...)) -> dict[str, object]:
         """Decode, preprocess, run batch 1, top 5."""
         img = Image.open(io.BytesIO(file.file.read())).convert("RGB")
-        x = preprocess_image(img, art.preprocess)[None]
+        x = preprocess_image(img, art.preprocess, accelerated=False)[None]
         (logits,) = session.run([art.output_name], {art.input_name: x})
         p = np.exp(logits[0] - logits[0].max())
         p /= p.sum()
