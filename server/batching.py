@@ -62,6 +62,11 @@ def _resolve(future: asyncio.Future, value: object, error: BaseException | None)
         future.set_result(value)
 
 
+def _resolve_all(pairs: list[tuple[asyncio.Future, Result | None]], error: BaseException | None) -> None:
+    for future, value in pairs:
+        _resolve(future, value, error)
+
+
 class Batcher:
     """Bounded queue + ``workers`` inference threads around ``run(images) -> logits``.
 
@@ -161,10 +166,13 @@ class Batcher:
         m = self.metrics
         m.batch_size.observe(len(batch))
         m.inference.observe(took)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Result | None]]] = {}
         for k, item in enumerate(batch):
             m.queue_wait.observe(start - item.enqueued)
             res = None if out is None else Result(out[k], start - item.enqueued, took, len(batch))
-            item.loop.call_soon_threadsafe(_resolve, item.future, res, error)
+            by_loop.setdefault(item.loop, []).append((item.future, res))
+        for loop, pairs in by_loop.items():  # one wake-up per event loop and batch, not per image
+            loop.call_soon_threadsafe(_resolve_all, pairs, error)
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop taking work; with ``drain`` the queued images are still run, else they fail."""

@@ -56,7 +56,12 @@ def top_k(logits: np.ndarray, k: int, labels: list[str]) -> list[dict[str, Any]]
     z = logits.astype(np.float64)
     p = np.exp(z - z.max())
     p /= p.sum()
-    order = np.argsort(-p, kind="stable")[:k]
+    if k < len(p):  # the k largest in O(n), then ordered as a stable argsort of -p would order them
+        kth = np.partition(p, len(p) - k)[len(p) - k]
+        cand = np.flatnonzero(p >= kth)
+        order = cand[np.lexsort((cand, -p[cand]))][:k]
+    else:
+        order = np.argsort(-p, kind="stable")
     return [{"index": int(i), "label": labels[i], "probability": float(p[i])} for i in order]
 
 

@@ -28,7 +28,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill (default 5)")
     p.add_argument("--max-queue", type=int, help="queued images before 503 (default 256)")
     p.add_argument("--workers", type=int, help="uvicorn worker processes, one model each (default 1)")
-    p.add_argument("--decode-threads", type=int, help="image decoding threads (default: CPU count)")
+    p.add_argument("--decode-threads", type=int,
+                   help="image decoding threads (default: half the cores on cpu, all on cuda)")
     p.add_argument("--inference-threads", type=int,
                    help="inference workers pulling batches (default: CPU count on cpu, 1 on cuda)")
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads per worker (default: cores/workers)")

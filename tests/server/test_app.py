@@ -248,3 +248,21 @@ def test_text_fields_under_other_names_are_ignored(server_url: str) -> None:
     only_text = httpx.post(server_url + "/classify", **_multipart([("image", None, encode(image()))]))
     assert (only_text.status_code, only_text.json()["error"]["code"]) == (400, "missing_file")
     assert "image" in only_text.json()["error"]["message"]
+
+
+def test_top_k_orders_like_a_stable_argsort() -> None:
+    """The O(n) selection returns exactly the first k of a stable argsort, ties included."""
+    from irpe.server.routes import top_k
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n = int(rng.integers(1, 1001))
+        z = rng.standard_normal(n).astype(np.float32)
+        if trial % 3 == 0:
+            z = np.round(z, 1)  # many ties
+        k = int(rng.integers(1, n + 1))
+        p = np.exp(z.astype(np.float64) - z.max())
+        want = np.argsort(-(p / p.sum()), kind="stable")[:k].tolist()
+        got = top_k(z, k, [str(i) for i in range(n)])
+        assert [d["index"] for d in got] == want
+        assert abs(sum(d["probability"] for d in top_k(z, n, [""] * n)) - 1.0) < 1e-9
