@@ -26,9 +26,12 @@ FRACTION_BITS = 22
 _SUPPORT = {"bicubic": 2.0, "bilinear": 1.0}
 
 
+_AVAILABLE = _resample is not None and platform.machine().lower() in ("x86_64", "amd64")
+
+
 def available() -> bool:
     """True when the compiled kernels are importable on a platform where the arithmetic was verified."""
-    return _resample is not None and platform.machine().lower() in ("x86_64", "amd64")
+    return _AVAILABLE
 
 
 def _kernel(x: np.ndarray, interpolation: str) -> np.ndarray:
