@@ -15,6 +15,7 @@ import functools
 import platform
 
 import numpy as np
+import PIL
 from PIL import Image
 
 try:
@@ -27,6 +28,9 @@ _SUPPORT = {"bicubic": 2.0, "bilinear": 1.0}
 
 
 _AVAILABLE = _resample is not None and platform.machine().lower() in ("x86_64", "amd64")
+# Pillow 13 picks the pass order by :func:`vertical_first`; earlier releases always went horizontal
+# first. Where the two disagree, only the verified release takes the fast path.
+_ORDER_VERIFIED = PIL.__version__.split(".")[0] == "13"
 
 
 def available() -> bool:
@@ -126,8 +130,11 @@ def resize_crop(img: Image.Image, size: int, crop: int, interpolation: str) -> n
     cols = _window(w, nw, left, crop, interpolation) if nw != w else None
     r0, r1 = (rows[2], rows[3]) if rows else (top, top + crop)
     c0, c1 = (cols[2], cols[3]) if cols else (left, left + crop)
+    v_first = bool(rows and cols and vertical_first(w, h, nw, nh))
+    if v_first and not _ORDER_VERIFIED:
+        return None
     band = np.asarray(img.crop((c0, r0, c1, r1)) if (c0, r0, c1, r1) != (0, 0, w, h) else img)
-    if rows and cols and vertical_first(w, h, nw, nh):
+    if v_first:
         return _horizontal(_convolve(band, rows[0], rows[1]), cols)
     if cols:
         band = _horizontal(band, cols)

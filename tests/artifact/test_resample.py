@@ -94,3 +94,12 @@ def test_coefficients_sum_to_one_in_fixed_point() -> None:
     assert bounds.shape == (256, 2) and weights.shape[0] == 256
     assert np.all(np.abs(weights.sum(axis=1) - (1 << resample.FRACTION_BITS)) <= weights.shape[1])
     assert np.all(bounds[:, 0] >= 0) and np.all(bounds.sum(axis=1) <= 1000)
+
+
+def test_unverified_pillow_keeps_pillow_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under another Pillow release, shapes whose pass order depends on the release go to Pillow."""
+    monkeypatch.setattr(resample, "_ORDER_VERIFIED", False)
+    tall = noise((447, 1261), seed=4)  # vertical first under Pillow 13
+    assert resample.resize_crop(tall, 256, 224, "bicubic") is None
+    square = noise((512, 512), seed=5)  # horizontal first under every release
+    assert resample.resize_crop(square, 256, 224, "bicubic") is not None or not resample.available()
