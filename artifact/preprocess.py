@@ -7,7 +7,7 @@ import functools
 import numpy as np
 from PIL import Image
 
-from .resample import resize_crop
+from .resample import resize_crop, resized_size
 from .schema import Preprocess
 
 _RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
@@ -15,14 +15,8 @@ _RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Im
 
 def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Image:
     """Resize so the shorter side is ``size`` (torchvision's Resize(int) rounding)."""
-    w, h = img.size
-    if min(w, h) == size:
-        return img
-    if w <= h:
-        nw, nh = size, int(size * h / w)
-    else:
-        nw, nh = int(size * w / h), size
-    return img.resize((nw, nh), _RESAMPLE[interpolation])
+    new = resized_size(*img.size, size)
+    return img if new == img.size else img.resize(new, _RESAMPLE[interpolation])
 
 
 def center_crop(img: Image.Image, size: int) -> Image.Image:
