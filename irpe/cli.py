@@ -46,6 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"irpe {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:  # an optional dependency: one line naming the extra (irpe.extras)
+        from irpe.extras import missing_module_message
+
+        msg = missing_module_message(e.name or "", args.command)
+        if msg is None or os.environ.get("IRPE_DEBUG"):
+            raise
+        print(f"irpe {args.command}: error: {msg}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

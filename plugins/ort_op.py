@@ -1,11 +1,16 @@
 """Run an ONNX graph that contains irpe::RPEIndex / irpe::RPEBucketSum nodes in ONNX Runtime on CPU.
 
-onnxruntime-extensions Python custom ops (``onnx_op``/``PyOp``) always live in the domain
-``ai.onnx.contrib`` and have fixed input/output element types, so :func:`session_for_plugin_graph`
-rewrites an in-memory copy of the model: each plugin node moves to that domain under a private op type,
-loses the TensorRT-only attributes (``plugin_namespace``, ``plugin_version``, ``aot``), and is wrapped in
-``Cast(to=FLOAT)`` / ``CastLike(out, input)`` so fp16 graphs run too (RPEBucketSum then accumulates in
-fp32, like the GPU kernel). Batch size is whatever the feed has. The file on disk is never modified.
+Needs only ``onnx`` and ``onnxruntime`` (the ``[export]`` extra, or the serving base install): each plugin
+node of an in-memory copy of the model is lowered to standard ONNX ops with exactly the op's semantics
+(:mod:`irpe.plugins.ops`), and the file on disk is never modified:
+
+* ``RPEIndex(lut, index)`` -> ``GatherElements(lut, Expand(index, [B, H, Lq, Lk]), axis=3)``
+* ``RPEBucketSum(attn, index; num_buckets=K)`` -> ``ScatterElements(zeros[B, H, Lq, K],
+  Expand(index, shape(attn)), Cast<float>(attn), axis=3, reduction="add")`` then ``CastLike`` back, so fp16
+  graphs accumulate in fp32 like the GPU kernel.
+
+The TensorRT-only attributes (``plugin_namespace``, ``plugin_version``, ``aot``) are dropped with the node.
+Batch size is whatever the feed has. Default-domain opset >= 16 is needed (ScatterElements reduction).
 """
 
 from __future__ import annotations
@@ -14,71 +19,69 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from .ops import BUCKET_SUM_OP, DOMAIN, RPE_INDEX_OP
 
-from .ops import BUCKET_SUM_OP, DOMAIN, RPE_INDEX_OP, bucket_sum_ref, rpe_index_ref
-
-ORT_DOMAIN = "ai.onnx.contrib"
-ORT_OPS = {RPE_INDEX_OP: "IrpeRPEIndexF32", BUCKET_SUM_OP: "IrpeRPEBucketSumF32"}
-_TRT_ONLY_ATTRS = {"plugin_namespace", "plugin_version", "aot"}
-_registered = False
+MIN_OPSET = 16  # ScatterElements(reduction="add")
+LOWERED_OPS = (RPE_INDEX_OP, BUCKET_SUM_OP)
 
 
-def register_ort_ops() -> None:
-    """Declare the two Python custom ops with onnxruntime-extensions (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    from onnxruntime_extensions import PyCustomOpDef, onnx_op
-
-    f32, i32, i64 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int32, PyCustomOpDef.dt_int64
-
-    @onnx_op(op_type=ORT_OPS[RPE_INDEX_OP], inputs=[f32, i32], outputs=[f32])
-    def _rpe_index(lut: np.ndarray, index: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(rpe_index_ref(lut, index), dtype=np.float32)
-
-    @onnx_op(op_type=ORT_OPS[BUCKET_SUM_OP], inputs=[f32, i32], outputs=[f32], attrs={"num_buckets": i64})
-    def _bucket_sum(attn: np.ndarray, index: np.ndarray, num_buckets: int) -> np.ndarray:
-        return np.ascontiguousarray(bucket_sum_ref(attn, index, int(num_buckets)), dtype=np.float32)
-
-    _registered = True
+def _num_buckets(node: Any) -> int:
+    for a in node.attribute:
+        if a.name == "num_buckets":
+            return int(a.i)
+    raise ValueError(f"{node.name or node.op_type}: irpe::RPEBucketSum node has no int attribute num_buckets")
 
 
-def _rewrite_node(node: Any, uid: int) -> list[Any]:
-    """Cast -> contrib op -> CastLike replacing one plugin node."""
-    from onnx import TensorProto, helper
+def _lower_node(node: Any, uid: int) -> tuple[list[Any], list[Any]]:
+    """(nodes, initializers) computing ``node``'s output with standard ops."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
 
-    x, index = node.input[0], node.input[1]
-    x32, y32 = f"{x}__irpe_f32_{uid}", f"{node.output[0]}__irpe_f32_{uid}"
-    attrs = [a for a in node.attribute if a.name not in _TRT_ONLY_ATTRS]
-    op = helper.make_node(ORT_OPS[node.op_type], [x32, index], [y32], name=f"{node.name}__ort",
-                          domain=ORT_DOMAIN)
-    op.attribute.extend(attrs)
-    return [helper.make_node("Cast", [x], [x32], to=TensorProto.FLOAT, name=f"{node.name}__cast_in"),
-            op,
-            helper.make_node("CastLike", [y32, x], [node.output[0]], name=f"{node.name}__cast_out")]
+    x, index, out = node.input[0], node.input[1], node.output[0]
+    p = f"{node.name or out}__irpe{uid}"
+    nodes = [helper.make_node("Shape", [x], [f"{p}_lead"], end=3, name=f"{p}_lead")]
+    if node.op_type == RPE_INDEX_OP:
+        nodes += [helper.make_node("Shape", [index], [f"{p}_lk"], start=1, name=f"{p}_lk"),
+                  helper.make_node("Concat", [f"{p}_lead", f"{p}_lk"], [f"{p}_shape"], axis=0, name=f"{p}_shape"),
+                  helper.make_node("Expand", [index, f"{p}_shape"], [f"{p}_idx"], name=f"{p}_idx"),
+                  helper.make_node("GatherElements", [x, f"{p}_idx"], [out], axis=3, name=f"{p}_gather")]
+        return nodes, []
+    k = numpy_helper.from_array(np.array([_num_buckets(node)], np.int64), f"{p}_k")
+    nodes += [helper.make_node("Shape", [x], [f"{p}_xshape"], name=f"{p}_xshape"),
+              helper.make_node("Expand", [index, f"{p}_xshape"], [f"{p}_idx"], name=f"{p}_idx"),
+              helper.make_node("Concat", [f"{p}_lead", f"{p}_k"], [f"{p}_oshape"], axis=0, name=f"{p}_oshape"),
+              helper.make_node("ConstantOfShape", [f"{p}_oshape"], [f"{p}_zeros"], name=f"{p}_zeros",
+                               value=numpy_helper.from_array(np.zeros(1, np.float32))),
+              helper.make_node("Cast", [x], [f"{p}_x32"], to=TensorProto.FLOAT, name=f"{p}_x32"),
+              helper.make_node("ScatterElements", [f"{p}_zeros", f"{p}_idx", f"{p}_x32"], [f"{p}_sum32"],
+                               axis=3, reduction="add", name=f"{p}_scatter"),
+              helper.make_node("CastLike", [f"{p}_sum32", x], [out], name=f"{p}_cast")]
+    return nodes, [k]
 
 
 def rewrite_for_ort(model: Any) -> Any:
-    """A copy of ``model`` with every irpe plugin node replaced by its onnxruntime-extensions form."""
-    from onnx import helper
-
+    """A copy of ``model`` with every irpe plugin node lowered to standard ONNX ops (see module doc)."""
     model = copy.deepcopy(model)
+    imports = {o.domain: o.version for o in model.opset_import}
+    if imports.get("", imports.get("ai.onnx", 0)) < MIN_OPSET:
+        raise ValueError(f"plugin graphs run in ONNX Runtime need default-domain opset >= {MIN_OPSET} "
+                         "(ScatterElements with reduction); export with --opset 17")
     graph = model.graph
     nodes, uid = [], 0
     for node in graph.node:
-        if node.domain == DOMAIN and node.op_type in ORT_OPS:
-            nodes.extend(_rewrite_node(node, uid))
+        if node.domain == DOMAIN and node.op_type in LOWERED_OPS:
+            lowered, inits = _lower_node(node, uid)
+            nodes.extend(lowered)
+            graph.initializer.extend(inits)
             uid += 1
         else:
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
-    imports = {o.domain: o.version for o in model.opset_import}
-    if imports.get("", imports.get("ai.onnx", 0)) < 15:
-        raise ValueError("plugin graphs run in ONNX Runtime need default-domain opset >= 15 (CastLike)")
-    if ORT_DOMAIN not in imports:
-        model.opset_import.append(helper.make_opsetid(ORT_DOMAIN, 1))
+    if not any(n.domain == DOMAIN for n in graph.node):
+        keep = [o for o in model.opset_import if o.domain != DOMAIN]
+        del model.opset_import[:]
+        model.opset_import.extend(keep)
     return model
 
 
@@ -87,13 +90,10 @@ def session_for_plugin_graph(onnx_path_or_model: str | Path | Any, *, providers:
     """An ``onnxruntime.InferenceSession`` (CPU) that runs a graph with irpe plugin nodes."""
     import onnx
     import onnxruntime as ort
-    from onnxruntime_extensions import get_library_path
 
     model = onnx_path_or_model
     if isinstance(model, (str, Path)):
         model = onnx.load(str(model))
-    register_ort_ops()
-    so = sess_options or ort.SessionOptions()
-    so.register_custom_ops_library(get_library_path())
     data = rewrite_for_ort(model).SerializeToString()
-    return ort.InferenceSession(data, so, providers=providers or ["CPUExecutionProvider"])
+    return ort.InferenceSession(data, sess_options or ort.SessionOptions(),
+                                providers=providers or ["CPUExecutionProvider"])

@@ -161,7 +161,6 @@ def test_contextual_graph_never_materialises_an_n_n_d_table():
 
 
 def test_plugin_graph_matches_standard_graph_through_ort_custom_ops(tmp_path):
-    pytest.importorskip("onnxruntime_extensions")
     from irpe.plugins.ort_op import session_for_plugin_graph
 
     model = random_model("deit_tiny_patch16_224_ctx_product_50_shared_k", img_size=32, rpe_std=0.5,

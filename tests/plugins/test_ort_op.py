@@ -1,4 +1,4 @@
-"""Plugin-op ONNX graphs in ONNX Runtime (onnxruntime-extensions PyOps) vs a standard-op graph and NumPy."""
+"""Plugin-op ONNX graphs in ONNX Runtime (lowered to standard ops, no extension library) vs NumPy."""
 
 import numpy as np
 import onnx
@@ -85,12 +85,24 @@ def test_plain_onnxruntime_cannot_run_the_plugin_graph():
                              providers=["CPUExecutionProvider"])
 
 
-def test_rewrite_drops_tensorrt_attributes():
-    from irpe.plugins.ort_op import ORT_DOMAIN, rewrite_for_ort
+def test_rewrite_lowers_every_plugin_node_and_needs_no_extension_library(monkeypatch):
+    from irpe.plugins.ort_op import rewrite_for_ort
 
+    monkeypatch.setitem(__import__("sys").modules, "onnxruntime_extensions", None)
     model = rewrite_for_ort(_model(True, TensorProto.FLOAT))
-    contrib = [n for n in model.graph.node if n.domain == ORT_DOMAIN]
-    assert len(contrib) == 2
-    names = {a.name for n in contrib for a in n.attribute}
-    assert names == {"num_buckets"}
     assert not any(n.domain == ops.DOMAIN for n in model.graph.node)
+    assert ops.DOMAIN not in {o.domain for o in model.opset_import}
+    kinds = [n.op_type for n in model.graph.node]
+    assert kinds.count("GatherElements") == 1 and kinds.count("ScatterElements") == 1
+    names = {a.name for n in model.graph.node for a in n.attribute}
+    assert not names & {"plugin_namespace", "plugin_version", "aot"}
+    onnx.checker.check_model(model, full_check=True)
+
+
+def test_rewrite_refuses_an_opset_without_scatter_reduction():
+    from irpe.plugins.ort_op import rewrite_for_ort
+
+    model = _model(True, TensorProto.FLOAT)
+    model.opset_import[0].version = 15
+    with pytest.raises(ValueError, match="opset >= 16"):
+        rewrite_for_ort(model)

@@ -1,0 +1,94 @@
+"""A missing optional dependency is one CLI line naming the extra; --rpe-plugin needs only the [export] extra.
+
+Each case runs the real CLI in a fresh interpreter where the listed modules cannot be imported
+(``sys.modules[name] = None`` makes ``import name`` raise ModuleNotFoundError, as on a venv without them).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from irpe.extras import extras_by_distribution, missing_module_message
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "deit_tiny_patch16_224_ctx_product_50_shared_k"
+PYPROJECT_EXTRAS = ("export", "train", "plugins", "gpu", "dev")
+
+
+def _cli(blocked: list[str], argv: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    code = (f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n"
+            f"from irpe.cli import main\nsys.exit(main({argv!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def _assert_one_line(res: subprocess.CompletedProcess, command: str, extra: str, package: str) -> None:
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert lines[0].startswith(f"irpe {command}: error: ") and package in lines[0]
+    assert f"pip install 'irpe-deploy[{extra}]'" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("blocked", "argv", "extra", "package"), [
+    (["torch"], ["export", "ckpt.pth", "-o", "out"], "export", "torch"),
+    (["onnx"], ["export", "ckpt.pth", "-o", "out", "--rpe-plugin"], "export", "onnx"),
+    (["matplotlib"], ["visualize", "-o", "out"], "train", "matplotlib"),
+    (["torch"], ["train", "--data", "digits", "-o", "out"], "train", "torch"),
+], ids=["export-torch", "export-onnx", "train-matplotlib", "train-torch"])
+def test_missing_optional_dependency_is_one_line_naming_the_extra(blocked, argv, extra, package, tmp_path):
+    _assert_one_line(_cli(blocked, argv, tmp_path), argv[0], extra, package)
+
+
+@pytest.mark.parametrize(("module", "extra"), [
+    ("torch", "export"), ("skimage", "export"), ("onnxscript", "export"), ("sklearn", "train"),
+    ("tqdm", "export"), ("triton", "plugins"), ("pytest", "dev"), ("tritonclient.http", "dev")])
+def test_every_extra_package_maps_to_its_extra(module, extra):
+    msg = missing_module_message(module, "export")
+    assert f"pip install 'irpe-deploy[{extra}]'" in msg and "\n" not in msg
+
+
+def test_the_map_covers_every_extra_of_the_installed_package():
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(PYPROJECT_EXTRAS) <= set(declared)
+    found = {e for extras in extras_by_distribution().values() for e in extras}
+    assert set(PYPROJECT_EXTRAS) <= found, "reinstall the package: its metadata lacks extras from pyproject.toml"
+
+
+def test_internal_and_tensorrt_modules():
+    assert missing_module_message("irpe.nope", "export") is None  # a bug in irpe itself stays a traceback
+    assert "nvcr.io/nvidia/tensorrt" in missing_module_message("tensorrt", "export")
+    assert missing_module_message("unheard_of", "serve").endswith("pip install unheard_of")
+
+
+def test_rpe_plugin_export_with_the_export_extra_alone(tmp_path):
+    """No onnxruntime-extensions, no triton, no TensorRT: the plugin graph is written and equals the standard one."""
+    import onnx
+    import torch
+
+    from irpe.export.parity import ort_session
+    from irpe.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(NAME, img_size=32, num_classes=5, rpe_on="qkv").eval()
+    torch.save(model.state_dict(), tmp_path / "ckpt.pth")
+    common = ["--model", NAME, "--img-size", "32", "--num-classes", "5", "--rpe-on", "qkv"]
+    blocked = ["onnxruntime_extensions", "triton", "tensorrt"]
+    for out, extra in (("plugin", ["--rpe-plugin"]), ("standard", [])):
+        res = _cli(blocked, ["export", "ckpt.pth", "-o", out, *common, *extra], tmp_path)
+        assert res.returncode == 0, res.stderr
+    meta = json.loads((tmp_path / "plugin" / "model.json").read_text())
+    assert meta["rpe_plugin"] is True and meta["parity"]["passed"] is True
+    proto = onnx.load(str(tmp_path / "plugin" / "model.onnx"))
+    assert {n.op_type for n in proto.graph.node if n.domain == "irpe"} == {"RPEIndex", "RPEBucketSum"}
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32), dtype=np.float32)
+    got = ort_session(tmp_path / "plugin" / "model.onnx", rpe_plugin=True).run(None, {"images": x})[0]
+    want = ort_session(tmp_path / "standard" / "model.onnx").run(None, {"images": x})[0]
+    assert np.abs(got - want).max() <= 1e-4
