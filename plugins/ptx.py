@@ -11,13 +11,28 @@ signature; otherwise compilation fails loudly rather than producing a kernel Ten
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .ops import BUCKET_SUM_OP, RPE_INDEX_OP
 
-ARCHS = (80, 90)
+# Every compute capability TensorRT 10.9+ runs on from Ampere to Blackwell that Triton's bundled ptxas
+# (CUDA 12.9) assembles: A100, A10/A40/RTX 30, Orin, L4/L40/RTX 40, H100/H200, B200/GB200, B300, RTX 50, DGX Spark.
+ARCHS = (80, 86, 87, 89, 90, 100, 103, 120, 121)
 DEFAULT_PTX_VERSION = 80  # PTX ISA 8.0 (CUDA 12.0): loadable by any CUDA 12+ driver that TensorRT 10 needs
+# Blackwell targets (Triton emits sm_100a / sm_103a / sm_120a / sm_121a) need a newer ISA; LLVM refuses 8.0
+# ("Minimum required PTX version is 8.6" for sm_100a). Their drivers (CUDA >= 12.8/12.9) load these ISAs.
+MIN_PTX_VERSION = {100: 86, 101: 86, 103: 88, 120: 87, 121: 88}
+
+
+def ptx_version_for(arch: int) -> int:
+    """The PTX ISA to emit for ``sm_<arch>``: 8.0 up to Hopper, the minimum LLVM accepts for Blackwell."""
+    return max(DEFAULT_PTX_VERSION, MIN_PTX_VERSION.get(int(arch), DEFAULT_PTX_VERSION))
 _DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16"}
 _SCALARS = ("BH", "LQ", "LK", "K")
 
@@ -81,10 +96,26 @@ def _jit_function(op: str):
     return fn if isinstance(fn, JITFunction) else JITFunction(fn.fn)
 
 
+def _compile_elsewhere(**kwargs) -> CompiledKernel:
+    """compile_ptx in a child interpreter without TRITON_INTERPRET: the interpreter's patched ``tl`` cannot
+    lower kernels to PTX (RPEBucketSum fails in ``create_splat``)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import dataclasses, json, sys\nfrom irpe.plugins.ptx import compile_ptx\n"
+            "print(json.dumps(dataclasses.asdict(compile_ptx(**json.loads(sys.argv[1])))))")
+    res = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"compiling {kwargs} to PTX failed:\n{res.stderr[-2000:]}")
+    return CompiledKernel(**json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+@lru_cache(maxsize=64)
 def compile_ptx(op: str, dtype: str = "fp32", arch: int = 80, *, num_buckets: int | None = None,
                 block_bh: int | None = None, num_warps: int = 4,
-                ptx_version: int = DEFAULT_PTX_VERSION) -> CompiledKernel:
-    """Compile ``op`` (RPEIndex or RPEBucketSum) for ``sm_<arch>`` to PTX; RPEBucketSum needs ``num_buckets``."""
+                ptx_version: int | None = None) -> CompiledKernel:
+    """Compile ``op`` (RPEIndex or RPEBucketSum) for ``sm_<arch>`` to PTX; RPEBucketSum needs ``num_buckets``.
+
+    Cached per arguments (TensorRT asks again for every tactic and profile)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -95,7 +126,13 @@ def compile_ptx(op: str, dtype: str = "fp32", arch: int = 80, *, num_buckets: in
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be fp32 or fp16, got {dtype!r}")
     dtype = _DTYPES[dtype]
+    if op == BUCKET_SUM_OP and not num_buckets:
+        raise ValueError("RPEBucketSum needs num_buckets to size its one-hot tile")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return _compile_elsewhere(op=op, dtype=dtype, arch=int(arch), num_buckets=num_buckets, block_bh=block_bh,
+                                  num_warps=num_warps, ptx_version=ptx_version)
     block_bh = block_bh or kernels.AOT_BLOCK_BH
+    ptx_version = ptx_version or ptx_version_for(arch)
     constexprs = {"BLOCK_BH": block_bh}
     if op == BUCKET_SUM_OP:
         if not num_buckets:

@@ -10,7 +10,15 @@ input and output tensors, matching :mod:`irpe.plugins.kernels`.
 
 This module deliberately has no ``from __future__ import annotations``: ``trtp.register`` inspects real
 annotation objects. ``tensorrt`` is imported only inside :func:`register`.
+
+``num_buckets`` is declared ``npt.NDArray[np.int32]``, not ``int``: the ONNX parser hands an INT attribute over
+as a kINT32 field of length 1 (onnx-tensorrt ``loadFields``), whose ``.data`` is a 1-element array
+(pyPlugin.cpp), and TensorRT 10.x's creator converts ``int`` attributes with ``int(f.data)``
+(tensorrt/plugin/_lib.py), which NumPy 2.4 (installed here) rejects for 1-D arrays; arrays use ``f.data.astype``.
 """
+
+import numpy as np
+import numpy.typing as npt
 
 from .ops import BUCKET_SUM_OP, PLUGIN_NAMESPACE, RPE_INDEX_OP, plugin_id
 
@@ -62,6 +70,19 @@ def _current_arch() -> int:
     return int(target.arch)
 
 
+def _aot_return(trtp):
+    """The return annotation ``trtp.aot_impl`` requires (tensorrt/plugin/_validate.py, _validate_aot_impl)."""
+    return tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]
+
+
+def _scalar(attr) -> int:
+    """A plugin attribute declared as a 1-element int array, as a Python int (SymInt32 needs a real int)."""
+    arr = np.asarray(attr).reshape(-1)
+    if arr.size != 1:
+        raise ValueError(f"num_buckets must be a single integer, got {arr.size} values")
+    return int(arr[0])
+
+
 def _launch(trtp, ck, x):
     """KernelLaunchParams for grid (Lq, cdiv(B*H, BLOCK_BH)) and the symbolic B*H."""
     s = x.shape_expr
@@ -98,7 +119,7 @@ def _define_rpe_index(trt, trtp) -> None:
                       out=torch.as_tensor(outputs[0], device="cuda"))
 
     @trtp.aot_impl(pid)
-    def rpe_index_aot(lut, index, outputs, tactic):
+    def rpe_index_aot(lut, index, outputs, tactic) -> _aot_return(trtp):
         ck = compile_ptx(RPE_INDEX_OP, _dtype_name(trt, lut.dtype), _current_arch())
         params, bh = _launch(trtp, ck, lut)
         s = lut.shape_expr
@@ -113,9 +134,10 @@ def _define_bucket_sum(trt, trtp) -> None:
     pid = plugin_id(BUCKET_SUM_OP)
 
     @trtp.register(pid)
-    def bucket_sum_desc(attn: trtp.TensorDesc, index: trtp.TensorDesc, num_buckets: int) -> trtp.TensorDesc:
+    def bucket_sum_desc(attn: trtp.TensorDesc, index: trtp.TensorDesc,
+                        num_buckets: npt.NDArray[np.int32]) -> trtp.TensorDesc:
         s = attn.shape_expr
-        return trtp.from_shape_expr((s[0], s[1], s[2], num_buckets), dtype=attn.dtype)
+        return trtp.from_shape_expr((s[0], s[1], s[2], _scalar(num_buckets)), dtype=attn.dtype)
 
     @trtp.autotune(pid)
     def bucket_sum_autotune(attn, index, num_buckets, outputs):
@@ -128,14 +150,14 @@ def _define_bucket_sum(trt, trtp) -> None:
         from .kernels import bucket_sum
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
             bucket_sum(torch.as_tensor(attn, device="cuda"), torch.as_tensor(index, device="cuda"),
-                       int(num_buckets), out=torch.as_tensor(outputs[0], device="cuda"))
+                       _scalar(num_buckets), out=torch.as_tensor(outputs[0], device="cuda"))
 
     @trtp.aot_impl(pid)
-    def bucket_sum_aot(attn, index, num_buckets, outputs, tactic):
+    def bucket_sum_aot(attn, index, num_buckets, outputs, tactic) -> _aot_return(trtp):
         ck = compile_ptx(BUCKET_SUM_OP, _dtype_name(trt, attn.dtype), _current_arch(),
-                         num_buckets=int(num_buckets))
+                         num_buckets=_scalar(num_buckets))
         params, bh = _launch(trtp, ck, attn)
-        args = (bh, attn.shape_expr[2], index.shape_expr[1], int(num_buckets))  # BH, LQ, LK, K
+        args = (bh, attn.shape_expr[2], index.shape_expr[1], _scalar(num_buckets))  # BH, LQ, LK, K
         extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in args])
         return ck.kernel_name.encode(), ck.ptx.encode(), params, extra
 
