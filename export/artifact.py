@@ -125,7 +125,7 @@ def _tensorrt(art: ModelArtifact, out_dir: Path, *, max_batch: int, fp16: bool) 
     """Build model.plan with the other helper's builder; a missing TensorRT becomes an ExportError."""
     from irpe.plugins.tensorrt_plugin import TensorRTUnavailable
 
-    from .tensorrt import engine_from_onnx
+    from .tensorrt import build_environment, engine_from_onnx
 
     try:
         plan = engine_from_onnx(out_dir / art.onnx_file, out_dir / "model.plan", max_batch=max_batch,
@@ -133,5 +133,7 @@ def _tensorrt(art: ModelArtifact, out_dir: Path, *, max_batch: int, fp16: bool) 
     except TensorRTUnavailable as e:
         raise ExportError(f"{e} (the ONNX artifact in {out_dir} was written; only the TensorRT engine is "
                           "missing)") from None
+    import tensorrt as trt
+
     return {"file": plan.name, "sha256": file_sha256(plan), "max_batch": max_batch,
-            "precision": "fp16" if fp16 else "fp32", "rpe_plugin": art.rpe_plugin}
+            "precision": "fp16" if fp16 else "fp32", "rpe_plugin": art.rpe_plugin, **build_environment(trt)}

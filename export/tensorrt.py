@@ -48,10 +48,36 @@ def _builder(trt: Any, logger: Any) -> Any:
     return builder
 
 
-def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, use_plugin: bool) -> Any:
+def network_flags(trt: Any, use_plugin: bool) -> int:
+    """STRONGLY_TYPED (TensorRT 10; always on and deprecated in 11, NvInfer.h) so both versions take precision
+    from the ONNX graph, plus PREFER_AOT_PYTHON_PLUGINS; flags by name, as their values differ across versions."""
+    flag = trt.NetworkDefinitionCreationFlag
     flags = 0
-    if use_plugin and hasattr(trt.NetworkDefinitionCreationFlag, "PREFER_AOT_PYTHON_PLUGINS"):
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.PREFER_AOT_PYTHON_PLUGINS)
+    if hasattr(flag, "STRONGLY_TYPED") and int(trt.__version__.split(".")[0]) < 11:
+        flags |= 1 << int(flag.STRONGLY_TYPED)
+    if use_plugin and hasattr(flag, "PREFER_AOT_PYTHON_PLUGINS"):
+        flags |= 1 << int(flag.PREFER_AOT_PYTHON_PLUGINS)
+    return flags
+
+
+def build_environment(trt: Any) -> dict[str, str]:
+    """TensorRT version and GPU compute capability, recorded in model.json next to the plan."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return {"tensorrt_version": trt.__version__, "compute_capability": f"{major}.{minor}"}
+
+
+def graph_is_fp16(onnx_path: Path) -> bool:
+    """Whether the ONNX graph carries fp16 weights (``irpe export --fp16``)."""
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    return any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
+
+
+def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, use_plugin: bool) -> Any:
+    flags = network_flags(trt, use_plugin)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
@@ -68,9 +94,7 @@ def _config(trt: Any, builder: Any, max_batch: int, img_size: int, fp16: bool,
     opt = max(1, min(max_batch, 8))
     shape = (3, img_size, img_size)
     profile.set_shape(INPUT_NAME, (1, *shape), (opt, *shape), (max_batch, *shape))
-    config.add_optimization_profile(profile)
-    if fp16:
-        config.set_flag(trt.BuilderFlag.FP16)
+    config.add_optimization_profile(profile)  # no BuilderFlag.FP16: strongly typed (TensorRT 11 removed it)
     blob = timing_cache.read_bytes() if timing_cache is not None and timing_cache.is_file() else b""
     config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False)
     return config
@@ -83,6 +107,10 @@ def engine_from_onnx(onnx_path: str | Path, plan_path: str | Path, *, max_batch:
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     trt, _ = import_tensorrt(f"building a TensorRT engine from {onnx_path}")
+    if fp16 != graph_is_fp16(Path(onnx_path)):
+        raise ValueError(f"{onnx_path}: fp16={fp16} but the graph is {'fp16' if not fp16 else 'fp32'}; TensorRT "
+                         "networks are strongly typed, so precision comes from the ONNX graph: export it with "
+                         "the same --fp16 setting")
     if use_plugin:
         from irpe.plugins.tensorrt_plugin import register
 

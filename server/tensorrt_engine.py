@@ -1,11 +1,21 @@
-"""Native TensorRT engine (TensorRT 10 tensor API + cuda-python), imported only for ``--backend tensorrt``.
+"""Native TensorRT engine (TensorRT 10/11 tensor API + cuda-python), imported only for ``--backend tensorrt``.
 
-Not exercised on CPU-only machines (the GPU tests are marked ``gpu``); without the packages it raises an
-EngineError that names the install command.
+Concurrency: the batcher may call :meth:`TensorRTEngine.run` from several inference threads at once. An
+execution context, its stream and its device buffers are used by one call at a time: the engine keeps one
+*slot* (context + stream + buffers) per optimization profile and a call takes a free slot, waiting when none
+is free. One slot per profile because "if the engine supports dynamic shapes, each execution context in
+concurrent use must use a separate optimization profile" (NVIDIA TensorRT include/NvInferRuntime.h,
+``createExecutionContext``); a plan with one profile therefore runs one batch at a time, never two batches
+in one set of buffers.
+
+Before deserialising, the TensorRT version and GPU compute capability recorded in model.json next to the plan
+are compared with this host's: a plan only loads on the TensorRT version and GPU it was built for.
 """
 
 from __future__ import annotations
 
+import queue
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,42 +50,96 @@ def _check(result: Any) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
+def device_capability(cudart: Any) -> str:
+    """Compute capability of the current CUDA device, e.g. ``"9.0"``."""
+    dev = _check(cudart.cudaGetDevice())
+    attr = cudart.cudaDeviceAttr
+    major = _check(cudart.cudaDeviceGetAttribute(attr.cudaDevAttrComputeCapabilityMajor, dev))
+    minor = _check(cudart.cudaDeviceGetAttribute(attr.cudaDevAttrComputeCapabilityMinor, dev))
+    return f"{int(major)}.{int(minor)}"
+
+
+def check_build_environment(entry: dict[str, Any], trt_version: str, capability: str, plan: Path) -> None:
+    """EngineError when model.json says the plan was built with another TensorRT or for another GPU."""
+    built_trt, built_cc = entry.get("tensorrt_version"), entry.get("compute_capability")
+    problems = []
+    if built_trt and built_trt.split(".")[:3] != trt_version.split(".")[:3]:
+        problems.append(f"TensorRT {built_trt}, this host has {trt_version}")
+    if built_cc and str(built_cc) != capability:
+        problems.append(f"a GPU of compute capability {built_cc}, this GPU is {capability}")
+    if problems:
+        raise EngineError(f"{plan}: the plan was built with {' and for '.join(problems)}; rebuild it here with "
+                          "`irpe export CHECKPOINT -o DIR --format tensorrt` (plans are not portable)")
+
+
+@dataclass
+class _Slot:
+    """One execution context with its own stream and device buffers (one optimization profile)."""
+
+    context: Any
+    stream: Any
+    d_in: Any
+    d_out: Any
+    limit: int
+
+
 class TensorRTEngine:
-    """Deserialises ``model.plan`` and runs it on one CUDA stream with preallocated buffers."""
+    """Deserialises ``model.plan``; runs batches on a pool of per-profile contexts (see module doc)."""
 
     def __init__(self, plan: Path, art: ModelArtifact, *, max_batch: int):
         if not plan.is_file():
             raise EngineError(f"{plan}: no TensorRT plan; run `irpe export --format tensorrt` on a GPU host")
         trt, self.cudart = _import_runtime()
+        check_build_environment(dict(art.engines.get("tensorrt", {})), trt.__version__,
+                                device_capability(self.cudart), plan)
         self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan.read_bytes())
         if self.engine is None:
             raise EngineError(f"{plan}: TensorRT could not deserialise it (built for another GPU or "
                               "TensorRT version?); rebuild it on this host")
-        self.context = self.engine.create_execution_context()
         self.input_name, self.output_name = art.input_name, art.output_name
-        profile_max = int(self.engine.get_tensor_profile_shape(self.input_name, 0)[2][0])
-        limit = min(max_batch, profile_max)
-        self.in_dtype = trt.nptype(self.engine.get_tensor_dtype(self.input_name))
-        self.out_dtype = trt.nptype(self.engine.get_tensor_dtype(self.output_name))
-        crop, classes = art.preprocess.crop, art.num_classes
-        self.stream = _check(self.cudart.cudaStreamCreate())
-        self.d_in = _check(self.cudart.cudaMalloc(limit * 3 * crop * crop * np.dtype(self.in_dtype).itemsize))
-        self.d_out = _check(self.cudart.cudaMalloc(limit * classes * np.dtype(self.out_dtype).itemsize))
-        self.classes = classes
+        self.in_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.input_name)))
+        self.out_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.output_name)))
+        self.classes, crop = art.num_classes, art.preprocess.crop
+        self._slots: queue.Queue[_Slot] = queue.Queue()
+        profiles = max(1, int(getattr(self.engine, "num_optimization_profiles", 1)))
+        for profile in range(profiles):
+            self._slots.put(self._make_slot(profile, max_batch, crop))
+        limit = min(s.limit for s in list(self._slots.queue))
         self.info = EngineInfo("tensorrt", "cuda", ["TensorRT"], [-1, 3, crop, crop], limit, batch_sizes(limit))
 
+    def _make_slot(self, profile: int, max_batch: int, crop: int) -> _Slot:
+        cudart = self.cudart
+        limit = min(max_batch, int(self.engine.get_tensor_profile_shape(self.input_name, profile)[2][0]))
+        context = self.engine.create_execution_context()
+        stream = _check(cudart.cudaStreamCreate())
+        if profile:
+            context.set_optimization_profile_async(profile, int(stream))
+        d_in = _check(cudart.cudaMalloc(limit * 3 * crop * crop * self.in_dtype.itemsize))
+        d_out = _check(cudart.cudaMalloc(limit * self.classes * self.out_dtype.itemsize))
+        return _Slot(context, stream, d_in, d_out, limit)
+
     def run(self, images: np.ndarray) -> np.ndarray:
-        """float32 [N,3,H,W] -> float32 [N,classes] through the plan."""
+        """float32 [N,3,H,W] -> float32 [N,classes] through the plan (thread-safe)."""
+        slot = self._slots.get()
+        try:
+            return self._run(slot, images)
+        finally:
+            self._slots.put(slot)
+
+    def _run(self, slot: _Slot, images: np.ndarray) -> np.ndarray:
         cudart, n = self.cudart, images.shape[0]
+        if n > slot.limit:
+            raise EngineError(f"batch of {n} exceeds the plan's maximum batch {slot.limit}")
         feed = np.ascontiguousarray(images, dtype=self.in_dtype)
         out = np.empty((n, self.classes), dtype=self.out_dtype)
         h2d, d2h = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        self.context.set_input_shape(self.input_name, tuple(feed.shape))
-        self.context.set_tensor_address(self.input_name, int(self.d_in))
-        self.context.set_tensor_address(self.output_name, int(self.d_out))
-        _check(cudart.cudaMemcpyAsync(int(self.d_in), feed.ctypes.data, feed.nbytes, h2d, self.stream))
-        if not self.context.execute_async_v3(int(self.stream)):
+        ctx = slot.context
+        ctx.set_input_shape(self.input_name, tuple(feed.shape))
+        ctx.set_tensor_address(self.input_name, int(slot.d_in))
+        ctx.set_tensor_address(self.output_name, int(slot.d_out))
+        _check(cudart.cudaMemcpyAsync(int(slot.d_in), feed.ctypes.data, feed.nbytes, h2d, slot.stream))
+        if not ctx.execute_async_v3(int(slot.stream)):
             raise EngineError("TensorRT execution failed")
-        _check(cudart.cudaMemcpyAsync(out.ctypes.data, int(self.d_out), out.nbytes, d2h, self.stream))
-        _check(cudart.cudaStreamSynchronize(self.stream))
+        _check(cudart.cudaMemcpyAsync(out.ctypes.data, int(slot.d_out), out.nbytes, d2h, slot.stream))
+        _check(cudart.cudaStreamSynchronize(slot.stream))
         return out.astype(np.float32)

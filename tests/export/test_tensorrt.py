@@ -54,27 +54,55 @@ def test_plugin_register_without_tensorrt(no_tensorrt):
         tensorrt_plugin.register()
 
 
+@pytest.mark.parametrize(("version", "strongly_typed"), [("10.9.0.34", True), ("11.4.0.106", False)])
+def test_network_flags_by_name_for_each_major(version, strongly_typed):
+    from types import SimpleNamespace
+
+    names = {"10": {"STRONGLY_TYPED": 1, "PREFER_JIT_PYTHON_PLUGINS": 2, "PREFER_AOT_PYTHON_PLUGINS": 3},
+             "11": {"STRONGLY_TYPED": 0, "PREFER_JIT_PYTHON_PLUGINS": 1, "PREFER_AOT_PYTHON_PLUGINS": 2}}
+    flags = names[version.split(".")[0]]
+    trt = SimpleNamespace(__version__=version, NetworkDefinitionCreationFlag=SimpleNamespace(**flags))
+    got = trt_export.network_flags(trt, use_plugin=True)
+    assert got & (1 << flags["PREFER_AOT_PYTHON_PLUGINS"])
+    assert bool(got & (1 << flags["STRONGLY_TYPED"])) == strongly_typed
+    assert not got & (1 << flags["PREFER_JIT_PYTHON_PLUGINS"])
+
+
+def test_precision_comes_from_the_graph(tmp_path, monkeypatch):
+    _plugin_classifier(tmp_path / "toy.onnx")
+    assert not trt_export.graph_is_fp16(tmp_path / "toy.onnx")
+    _plugin_classifier(tmp_path / "toy16.onnx", fp16=True)
+    assert trt_export.graph_is_fp16(tmp_path / "toy16.onnx")
+    monkeypatch.setattr(trt_export, "import_tensorrt", lambda what: (None, None))
+    with pytest.raises(ValueError, match="strongly typed"):
+        trt_export.engine_from_onnx(tmp_path / "toy.onnx", tmp_path / "m.plan", max_batch=2, img_size=8, fp16=True)
+
+
 def test_bad_max_batch_is_rejected_before_tensorrt(tmp_path):
     with pytest.raises(ValueError, match="max_batch"):
         trt_export.engine_from_onnx(tmp_path / "m.onnx", tmp_path / "m.plan", max_batch=0, img_size=8)
 
 
-def _plugin_classifier(path, img: int = 8, k: int = 5) -> None:
+def _plugin_classifier(path, img: int = 8, k: int = 5, fp16: bool = False) -> None:
     """images [N,3,S,S] as 3*S tokens of width S -> RPEIndex -> softmax -> RPEBucketSum -> logits [N,4]."""
     rng = np.random.default_rng(0)
+    wt = np.float16 if fp16 else np.float32
     lq = 3 * img  # rows of the reshaped image act as tokens: [N, 1, 3*S, S]
     table = rng.integers(0, k, (lq, lq)).astype(np.int32)
     inits = [numpy_helper.from_array(table, "table"),
              numpy_helper.from_array(np.array([0, 1, lq, img], np.int64), "tok_shape"),
-             numpy_helper.from_array(rng.standard_normal((img, k)).astype(np.float32), "w_q"),
-             numpy_helper.from_array(rng.standard_normal((k, 4)).astype(np.float32), "w_v")]
-    nodes = [helper.make_node("Reshape", ["images", "tok_shape"], ["q"]),
+             numpy_helper.from_array(rng.standard_normal((img, k)).astype(wt), "w_q"),
+             numpy_helper.from_array(rng.standard_normal((k, 4)).astype(wt), "w_v")]
+    dt = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    nodes = [helper.make_node("Reshape", ["images", "tok_shape"], ["q32"]),
+             helper.make_node("Cast", ["q32"], ["q"], to=dt),
              helper.make_node("MatMul", ["q", "w_q"], ["lut"]),
              ops.make_rpe_index_node("lut", "table", "scores", "rpe_q"),
              helper.make_node("Softmax", ["scores"], ["attn"], axis=-1),
              ops.make_bucket_sum_node("attn", "table", "sums", "rpe_v", num_buckets=k),
              helper.make_node("MatMul", ["sums", "w_v"], ["v"]),
-             helper.make_node("ReduceMean", ["v"], ["logits"], axes=[1, 2], keepdims=0)]
+             helper.make_node("ReduceMean", ["v"], ["logits_t"], axes=[1, 2], keepdims=0),
+             helper.make_node("Cast", ["logits_t"], ["logits"], to=TensorProto.FLOAT)]
     graph = helper.make_graph(nodes, "plugin_toy",
                               [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, img, img])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
@@ -96,7 +124,7 @@ def test_toy_plugin_graph_runs_in_onnxruntime(tmp_path):
 @pytest.mark.skipif(_gpu_skip_reason() is not None, reason=_gpu_skip_reason() or "")
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 def test_engine_with_aot_plugins_matches_onnxruntime(tmp_path, fp16):
-    _plugin_classifier(tmp_path / "toy.onnx")
+    _plugin_classifier(tmp_path / "toy.onnx", fp16=fp16)
     cache = tmp_path / "timing.cache"
     plan = trt_export.engine_from_onnx(tmp_path / "toy.onnx", tmp_path / "toy.plan", max_batch=8, img_size=8,
                                        fp16=fp16, timing_cache=cache)
