@@ -99,19 +99,43 @@ def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | 
     art.onnx_sha256 = file_sha256(onnx_path)
     save_artifact(art, out_dir)
     log.say(f"wrote {onnx_path} and {out_dir / 'model.json'}")
-    _extra_formats(art, out_dir, formats, max_batch=max_batch, fp16=fp16, log=log)
+    _extra_formats(art, out_dir, formats, max_batch=max_batch, fp16=fp16, log=log,
+                   tensorrt_onnx=lambda: _tensorrt_onnx(model, proto, out_dir, opset=opset, fp16=fp16, pp=pp))
     return out_dir
 
 
+TENSORRT_ONNX = "model.tensorrt.onnx"
+
+
+def _tensorrt_onnx(model: Any, proto: onnx.ModelProto, out_dir: Path, *, opset: int, fp16: bool,
+                   pp: Any) -> Path | None:
+    """model.tensorrt.onnx where model.onnx has nodes TensorRT's ONNX parser rejects (value-side ScatterND
+    reductions), parity-checked like model.onnx; None when model.onnx itself suits TensorRT."""
+    from .tensorrt import tensorrt_incompatibilities
+
+    if not tensorrt_incompatibilities(proto):
+        return None
+    path = out_dir / TENSORRT_ONNX
+    variant = build_onnx(model, opset=opset, fp16=fp16, tensorrt=True)
+    check_onnx(variant, path)
+    onnx.save(variant, str(path))
+    check_parity(model, path, pp, fp16=fp16)
+    return path
+
+
 def _extra_formats(art: ModelArtifact, out_dir: Path, formats: tuple[str, ...], *, max_batch: int,
-                   fp16: bool, log: Progress) -> None:
+                   fp16: bool, log: Progress, tensorrt_onnx: Any = None) -> None:
     """TensorRT engine (recorded in model.json ``engines``) and Triton repository, after the ONNX artifact."""
     if "tensorrt" not in formats and (out_dir / "model.plan").exists():
         log.say(f"warning: {out_dir / 'model.plan'} is from an earlier export and does not match the new "
                 "ONNX graph; delete it or re-run with --format tensorrt")
     if "tensorrt" in formats:
-        with log.step("building the TensorRT engine"):
-            art.engines["tensorrt"] = _tensorrt(art, out_dir, max_batch=max_batch, fp16=fp16)
+        source = out_dir / art.onnx_file
+        if tensorrt_onnx is not None and not art.rpe_plugin:
+            with log.step("writing the TensorRT variant of the ONNX graph (where needed)"):
+                source = tensorrt_onnx() or source
+        with log.step(f"building the TensorRT engine from {source.name}"):
+            art.engines["tensorrt"] = _tensorrt(art, out_dir, source, max_batch=max_batch, fp16=fp16)
         save_artifact(art, out_dir)
     if "triton" in formats:
         with log.step("writing the Triton model repository"):
@@ -121,14 +145,14 @@ def _extra_formats(art: ModelArtifact, out_dir: Path, formats: tuple[str, ...], 
         log.say(f"wrote the Triton model repository {root}")
 
 
-def _tensorrt(art: ModelArtifact, out_dir: Path, *, max_batch: int, fp16: bool) -> dict[str, Any]:
+def _tensorrt(art: ModelArtifact, out_dir: Path, source: Path, *, max_batch: int, fp16: bool) -> dict[str, Any]:
     """Build model.plan with the other helper's builder; a missing TensorRT becomes an ExportError."""
     from irpe.plugins.tensorrt_plugin import TensorRTUnavailable
 
     from .tensorrt import build_environment, engine_from_onnx
 
     try:
-        plan = engine_from_onnx(out_dir / art.onnx_file, out_dir / "model.plan", max_batch=max_batch,
+        plan = engine_from_onnx(source, out_dir / "model.plan", max_batch=max_batch,
                                 img_size=art.img_size, fp16=fp16, use_plugin=art.rpe_plugin)
     except TensorRTUnavailable as e:
         raise ExportError(f"{e} (the ONNX artifact in {out_dir} was written; only the TensorRT engine is "
@@ -136,4 +160,5 @@ def _tensorrt(art: ModelArtifact, out_dir: Path, *, max_batch: int, fp16: bool) 
     import tensorrt as trt
 
     return {"file": plan.name, "sha256": file_sha256(plan), "max_batch": max_batch,
-            "precision": "fp16" if fp16 else "fp32", "rpe_plugin": art.rpe_plugin, **build_environment(trt)}
+            "precision": "fp16" if fp16 else "fp32", "rpe_plugin": art.rpe_plugin, "onnx": source.name,
+            **build_environment(trt)}

@@ -174,10 +174,27 @@ def value_term(e: Emit, attn: str, tables: list[Table], name: str) -> str:
     if e.plugin:
         parts = [_plugin_node(e, "sum", attn, t.bucket, name, t.num_buckets) for t in tables]
         sums = parts[0] if len(parts) == 1 else e.g.op("Concat", parts, f"{name}/sums", axis=-1)
+    elif e.tensorrt:
+        sums = _onehot_sums(e, attn, tables, name)
     else:
         sums = _scatter_sums(e, attn, tables, name)
     w = _squeeze_shared(_concat_weights(tables, axis=1))  # (K', d) or (H, K', d)
     return e.g.op("MatMul", [sums, e.g.weight(w, f"{name}.weight")], f"{name}/values")
+
+
+def _onehot_sums(e: Emit, attn: str, tables: list[Table], name: str) -> str:
+    """Bucket sums as (N, H, n, 1, n) @ onehot (n, n, K') -> (N, H, n, K'), onehot[i, j, k] = [bucket[i, j] == k].
+
+    For TensorRT: its ONNX parser rejects ScatterND with a ``reduction`` (onnx-tensorrt onnxOpImporters.cpp,
+    ScatterND importer; docs/operators.md: "`reduction` other than `none` is not supported")."""
+    g, n = e.g, e.tokens
+    onehot = np.zeros((n, n, sum(t.num_buckets for t in tables)), dtype=g.dtype)
+    rows, cols = np.arange(n)[:, None], np.arange(n)[None, :]
+    for t, off in zip(tables, _offsets(tables), strict=True):
+        onehot[rows, cols, off + t.bucket] = 1
+    x = g.op("Unsqueeze", [attn, g.ints([3])], f"{name}/attn_rows")
+    sums = g.op("MatMul", [x, g.shared_initializer(onehot, "rpe_v.onehot")], f"{name}/onehot_sums")
+    return g.op("Squeeze", [sums, g.ints([3])], f"{name}/sums")
 
 
 def _zeros(e: Emit, rows: int) -> str:

@@ -68,12 +68,30 @@ def build_environment(trt: Any) -> dict[str, str]:
     return {"tensorrt_version": trt.__version__, "compute_capability": f"{major}.{minor}"}
 
 
-def graph_is_fp16(onnx_path: Path) -> bool:
-    """Whether the ONNX graph carries fp16 weights (``irpe export --fp16``)."""
+def tensorrt_incompatibilities(proto: Any) -> list[str]:
+    """Nodes TensorRT's ONNX parser rejects: ScatterND with a ``reduction`` attribute (onnx-tensorrt
+    onnxOpImporters.cpp ScatterND importer: "Attribute reduction is not supported"; docs/operators.md)."""
+    found = []
+    for node in proto.graph.node:
+        if node.op_type == "ScatterND" and any(a.name == "reduction" for a in node.attribute):
+            found.append(f"{node.name or node.output[0]}: ScatterND(reduction)")
+    return found
+
+
+def _preflight(onnx_path: Path, fp16: bool) -> None:
     import onnx
 
     proto = onnx.load(str(onnx_path), load_external_data=False)
-    return any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
+    bad = tensorrt_incompatibilities(proto)
+    if bad:
+        raise ValueError(f"{onnx_path}: {len(bad)} node(s) TensorRT's ONNX parser rejects ({bad[0]}, ...); this "
+                         "is the ONNX Runtime graph: build engines from the TensorRT variant (irpe export "
+                         "--format tensorrt writes model.tensorrt.onnx) or from an --rpe-plugin export")
+    is_fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
+    if fp16 != is_fp16:
+        raise ValueError(f"{onnx_path}: fp16={fp16} but the graph is {'fp16' if is_fp16 else 'fp32'}; TensorRT "
+                         "networks are strongly typed, so precision comes from the ONNX graph: export it with "
+                         "the same --fp16 setting")
 
 
 def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, use_plugin: bool) -> Any:
@@ -107,10 +125,7 @@ def engine_from_onnx(onnx_path: str | Path, plan_path: str | Path, *, max_batch:
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     trt, _ = import_tensorrt(f"building a TensorRT engine from {onnx_path}")
-    if fp16 != graph_is_fp16(Path(onnx_path)):
-        raise ValueError(f"{onnx_path}: fp16={fp16} but the graph is {'fp16' if not fp16 else 'fp32'}; TensorRT "
-                         "networks are strongly typed, so precision comes from the ONNX graph: export it with "
-                         "the same --fp16 setting")
+    _preflight(Path(onnx_path), fp16)
     if use_plugin:
         from irpe.plugins.tensorrt_plugin import register
 

@@ -198,3 +198,20 @@ def test_fp16_graph_keeps_float32_io_and_is_close():
     assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
     assert max_diff(model, session(proto), batch=2) <= 2e-2
+
+
+def test_tensorrt_variant_has_no_scatter_reduction_and_matches(tmp_path):
+    """TensorRT's ONNX parser rejects ScatterND(reduction); the TensorRT variant sums value buckets by MatMul."""
+    from irpe.export.tensorrt import tensorrt_incompatibilities
+
+    model = random_model("deit_tiny_patch16_224_ctx_product_50_shared_k", img_size=32, rpe_std=0.5,
+                         rpe_on="qkv", rpe_method="cross", rpe_shared=False)
+    standard, variant = build_onnx(model), build_onnx(model, tensorrt=True)
+    assert len(tensorrt_incompatibilities(standard)) == 2 * model.cfg.depth  # cross: two tables per layer
+    assert tensorrt_incompatibilities(variant) == []
+    assert not {"ScatterND", "ScatterElements"} & {n.op_type for n in variant.graph.node}
+    check_onnx(variant)
+    x = np.random.default_rng(2).standard_normal((3, 3, 32, 32), dtype=np.float32)
+    got = session(variant).run(["logits"], {"images": x})[0]
+    want = session(standard).run(["logits"], {"images": x})[0]
+    assert np.abs(got - want).max() <= TOL

@@ -70,9 +70,9 @@ def test_network_flags_by_name_for_each_major(version, strongly_typed):
 
 def test_precision_comes_from_the_graph(tmp_path, monkeypatch):
     _plugin_classifier(tmp_path / "toy.onnx")
-    assert not trt_export.graph_is_fp16(tmp_path / "toy.onnx")
     _plugin_classifier(tmp_path / "toy16.onnx", fp16=True)
-    assert trt_export.graph_is_fp16(tmp_path / "toy16.onnx")
+    trt_export._preflight(tmp_path / "toy16.onnx", fp16=True)
+    trt_export._preflight(tmp_path / "toy.onnx", fp16=False)
     monkeypatch.setattr(trt_export, "import_tensorrt", lambda what: (None, None))
     with pytest.raises(ValueError, match="strongly typed"):
         trt_export.engine_from_onnx(tmp_path / "toy.onnx", tmp_path / "m.plan", max_batch=2, img_size=8, fp16=True)
@@ -132,3 +132,23 @@ def test_engine_with_aot_plugins_matches_onnxruntime(tmp_path, fp16):
     report = trt_export.compare_engine_with_onnxruntime(plan, tmp_path / "toy.onnx", img_size=8,
                                                         batch_sizes=(1, 3, 8), atol=5e-2 if fp16 else 1e-3)
     assert report["ok"], report
+
+
+def test_export_for_tensorrt_writes_a_parser_compatible_variant_first(no_tensorrt, tmp_path):
+    """--format tensorrt on a value-side iRPE model: model.tensorrt.onnx (no ScatterND reduction) is written and
+    parity-checked before the engine build, which then fails here with the no-TensorRT message."""
+    import torch
+
+    from irpe.export import export_artifact
+    from irpe.export.artifact import ExportError
+    from irpe.models import create_model
+
+    name = "deit_tiny_patch16_224_ctx_product_50_shared_k"
+    torch.manual_seed(0)
+    torch.save(create_model(name, img_size=32, num_classes=4, rpe_on="qkv").state_dict(), tmp_path / "m.pth")
+    with pytest.raises(ExportError, match="only the TensorRT engine is missing"):
+        export_artifact(tmp_path / "m.pth", tmp_path / "out", name=name, formats="tensorrt", progress=False,
+                        overrides={"img_size": 32, "num_classes": 4, "rpe_on": "qkv"})
+    variant = onnx.load(str(tmp_path / "out" / "model.tensorrt.onnx"))
+    assert trt_export.tensorrt_incompatibilities(variant) == []
+    assert trt_export.tensorrt_incompatibilities(onnx.load(str(tmp_path / "out" / "model.onnx")))
