@@ -66,7 +66,7 @@ RUN wheel="$(ls /wheels/irpe_deploy-*.whl)" \
        else \
          pip install --no-cache-dir "${wheel}"; \
        fi \
-    && if [ "$TENSORRT" = "1" ]; then pip install --no-cache-dir tensorrt-cu12 cuda-python; fi \
+    && if [ "$TENSORRT" = "1" ]; then pip install --no-cache-dir 'tensorrt-cu12>=10.9,<12' cuda-python; fi \
     && rm -rf /wheels \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin irpe \
     && mkdir -p /models \

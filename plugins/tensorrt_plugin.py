@@ -22,7 +22,9 @@ import numpy.typing as npt
 
 from .ops import BUCKET_SUM_OP, PLUGIN_NAMESPACE, RPE_INDEX_OP, plugin_id
 
-MIN_TENSORRT = (10, 9)
+MIN_TENSORRT = (10, 9)  # first release with aot_impl (10.8's tensorrt.plugin has none)
+MAX_TENSORRT = (12, 0)  # exclusive: 10.9 .. 11.x are exercised by tests/plugins/test_tensorrt_plugin.py
+TENSORRT_PIP = "tensorrt-cu12>=10.9,<12"  # as the Dockerfile installs it
 _registered = False
 
 
@@ -35,8 +37,8 @@ def missing_tensorrt_message(what: str, detail: str = "") -> str:
     found = f" ({detail})" if detail else ""
     return (f"{what} needs NVIDIA TensorRT >= {MIN_TENSORRT[0]}.{MIN_TENSORRT[1]} with its Python bindings, "
             f"which were not found{found}. Run on a machine with an NVIDIA GPU and CUDA 12+, either inside the "
-            "NVIDIA container `nvcr.io/nvidia/tensorrt:<yy.mm>-py3` or after `pip install tensorrt` on a CUDA "
-            "host; the ONNX export and ONNX Runtime paths do not need TensorRT.")
+            "NVIDIA container `nvcr.io/nvidia/tensorrt:<yy.mm>-py3` or after `pip install tensorrt` "
+            f"('{TENSORRT_PIP}') on a CUDA host; the ONNX export and ONNX Runtime paths do not need TensorRT.")
 
 
 def import_tensorrt(what: str):
@@ -49,6 +51,10 @@ def import_tensorrt(what: str):
     if version < MIN_TENSORRT:
         raise TensorRTUnavailable(missing_tensorrt_message(what, f"found TensorRT {trt.__version__}, too old "
                                                                  "for ONNX-imported AOT Python plugins"))
+    if version >= MAX_TENSORRT:
+        raise TensorRTUnavailable(f"{what} supports TensorRT {MIN_TENSORRT[0]}.{MIN_TENSORRT[1]} to "
+                                  f"{MAX_TENSORRT[0] - 1}.x; found {trt.__version__}. Install a supported "
+                                  f"release: pip install '{TENSORRT_PIP}'")
     import tensorrt.plugin as trtp
 
     return trt, trtp

@@ -161,3 +161,14 @@ def test_an_int_annotation_breaks_on_tensorrt_10_with_this_numpy(trt):
     else:
         with pytest.raises(TypeError, match="0-dimensional|scalar"):
             plugin_from_onnx_node(trt, node)
+
+
+@pytest.mark.parametrize(("version", "message"),
+                         [("10.8.0.43", "too old"), ("12.0.1", "supports TensorRT 10.9 to 11.x")])
+def test_tensorrt_outside_the_supported_range_is_refused(version, message, monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    monkeypatch.setitem(sys.modules, "tensorrt", SimpleNamespace(__version__=version))
+    with pytest.raises(tensorrt_plugin.TensorRTUnavailable, match=message):
+        tensorrt_plugin.import_tensorrt("building")
