@@ -60,7 +60,8 @@ class OrtEngine:
 
         if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
             raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
-                              f"(available: {ort.get_available_providers()}); pip install onnxruntime-gpu")
+                              f"(available: {ort.get_available_providers()}); install the [gpu] extra: "
+                              "pip install 'irpe-deploy[gpu]' (onnxruntime-gpu)")
         try:
             self.session = ort.InferenceSession(str(onnx_path), _session_options(ort, threads),
                                                 providers=_providers(device))

@@ -92,3 +92,14 @@ def test_rpe_plugin_export_with_the_export_extra_alone(tmp_path):
     got = ort_session(tmp_path / "plugin" / "model.onnx", rpe_plugin=True).run(None, {"images": x})[0]
     want = ort_session(tmp_path / "standard" / "model.onnx").run(None, {"images": x})[0]
     assert np.abs(got - want).max() <= 1e-4
+
+
+def test_gpu_extra_is_named_when_onnxruntime_has_no_cuda():
+    import onnxruntime as ort
+
+    from irpe.server.engine import EngineError, OrtEngine
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("no GPU: this onnxruntime has CUDA, the message is for CPU-only builds")
+    with pytest.raises(EngineError, match=r"pip install 'irpe-deploy\[gpu\]' \(onnxruntime-gpu\)"):
+        OrtEngine(Path("unused.onnx"), None, device="cuda", threads=1, max_batch=1)
