@@ -172,3 +172,41 @@ def test_tensorrt_outside_the_supported_range_is_refused(version, message, monke
     monkeypatch.setitem(sys.modules, "tensorrt", SimpleNamespace(__version__=version))
     with pytest.raises(tensorrt_plugin.TensorRTUnavailable, match=message):
         tensorrt_plugin.import_tensorrt("building")
+
+
+def test_aot_attribute_and_network_preference_select_the_implementation(trt):
+    """aot=0 asks for the JIT plugin; without the attribute the network flag decides, and with both
+    implementations defined and no preference TensorRT's creator refuses (why the nodes carry aot=1)."""
+    node = ops.make_rpe_index_node("lut", "table", "out", "rpe_k", aot=False)
+    assert type(plugin_from_onnx_node(trt, node)).__name__ == "_TemplateJITPlugin"
+    keep = [a for a in node.attribute if a.name != "aot"]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    assert type(plugin_from_onnx_node(trt, node, prefer_aot=True)).__name__ == "_TemplateAOTPlugin"
+    with pytest.raises(ValueError, match="both AOT and JIT"):
+        plugin_from_onnx_node(trt, node, prefer_aot=False)
+
+
+def test_a_string_typed_num_buckets_is_caught(trt):
+    """The attribute's ONNX type matters: as a STRING the parser passes kCHAR bytes and the shape is wrong."""
+    from onnx import helper
+
+    node = ops.make_bucket_sum_node("attn", "table", "out", "rpe_v", num_buckets=K)
+    keep = [a for a in node.attribute if a.name != "num_buckets"]
+    del node.attribute[:]
+    node.attribute.extend([*keep, helper.make_attribute("num_buckets", str(K))])
+    plugin = plugin_from_onnx_node(trt, node)
+    try:
+        launch = build_and_launch(trt, plugin, [trt.float32, trt.int32], [(N, H, L, L), (L, L)], [True, False])
+    except (TypeError, ValueError):
+        return
+    assert launch.output_shape != (N, H, L, K)
+
+
+def test_removing_the_aot_return_annotation_fails_registration(monkeypatch):
+    import inspect
+
+    monkeypatch.setattr(tensorrt_plugin, "_aot_return", lambda trtp: inspect.Signature.empty)
+    with tensorrt_standin(VERSIONS[0]):
+        with pytest.raises(ValueError, match="No return annotation found for aot_impl"):
+            tensorrt_plugin.register()
