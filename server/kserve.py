@@ -52,9 +52,9 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifac
     """Inflate, parse and validate (in the decode pool): every check before any inference."""
     body = codec.inflate(raw, encoding, limit)
     split = codec.header_length(header_len, len(body))
-    req, spec = codec.parse_request(body[:split], art, max_images)
+    req, spec = codec.parse_request(body[:split], art)
     codec.requested_outputs(req, art)  # bad or repeated outputs are refused before inference
-    return req, codec.input_array(spec, body, split)
+    return req, codec.input_array(spec, body, split, max_images)
 
 
 async def _infer(request: Request, name: str, version: str | None) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import zlib
 from typing import Any
 
@@ -88,7 +89,7 @@ def _flag(params: dict[str, Any], key: str, where: str, default: bool = False) -
     return value
 
 
-def parse_request(header: bytes, art: ModelArtifact, max_images: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def parse_request(header: bytes, art: ModelArtifact) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request object and its one input spec, validated against the model metadata."""
     req = loads(header)
     if not isinstance(req, dict):
@@ -112,17 +113,15 @@ def parse_request(header: bytes, art: ModelArtifact, max_images: int) -> tuple[d
             and shape[0] >= 1 and all(type(d) is int for d in shape)):
         raise ProtocolError(f"unexpected shape for input {art.input_name!r} for model {art.name!r}: expected "
                             f"[N,{want[0]},{want[1]},{want[2]}] with N >= 1, got {shape}")
-    if shape[0] > max_images:
-        raise ProtocolError(f"{shape[0]} images in one request; the limit is {max_images} (max_batch_size "
-                            "in the model config is the engine's batch; larger requests are split)", 413)
     _parameters(spec, "input")
     return req, spec
 
 
-def input_array(spec: dict[str, Any], body: bytes, offset: int) -> np.ndarray:
-    """The ``images`` tensor from JSON ``data`` or binary data after the header; finite FP32 only."""
+def input_array(spec: dict[str, Any], body: bytes, offset: int, max_images: int) -> np.ndarray:
+    """The ``images`` tensor from JSON ``data`` or binary data after the header; finite FP32 only, at most
+    ``max_images`` (413; checked once the data matches the shape, so a wrong shape stays a 400)."""
     shape = spec["shape"]
-    want_bytes = int(np.prod(shape)) * _ITEM
+    want_bytes = math.prod(shape) * _ITEM  # Python ints: no int64 wrap-around for a 20-digit N
     params = _parameters(spec, "input")
     if "binary_data_size" in params:
         size = _count(params["binary_data_size"], "binary_data_size")
@@ -132,6 +131,9 @@ def input_array(spec: dict[str, Any], body: bytes, offset: int) -> np.ndarray:
         images = np.frombuffer(body, dtype="<f4", count=size // _ITEM, offset=offset).reshape(shape)
     else:
         images = _json_data(spec.get("data"), shape, want_bytes // _ITEM)
+    if shape[0] > max_images:
+        raise ProtocolError(f"{shape[0]} images in one request; the limit is {max_images} (the model "
+                            "config's max_batch_size, --max-queue)", 413)
     if not np.isfinite(images).all():
         raise ProtocolError(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or "
                             "+-Inf, or beyond the FP32 range); this server accepts finite numbers only")
