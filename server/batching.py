@@ -192,7 +192,10 @@ class Batcher:
             res = None if out is None else Result(out[k], start - item.enqueued, took, len(batch))
             by_loop.setdefault(item.loop, []).append((item.future, res))
         for loop, pairs in by_loop.items():  # one wake-up per event loop and batch, not per image
-            loop.call_soon_threadsafe(_resolve_all, pairs, error)
+            try:
+                loop.call_soon_threadsafe(_resolve_all, pairs, error)
+            except RuntimeError:  # the loop closed (shutdown past its drain timeout): nobody left to answer
+                log.warning("dropped %d result(s): their event loop is closed", len(pairs))
         if error is None:
             done = time.perf_counter()
             self.stats.batch(len(batch), [start - i.enqueued for i in batch],
