@@ -83,7 +83,7 @@ def test_health_metadata_config_and_repository(client: triton.InferenceServerCli
 def test_infer_every_wire_format(client: triton.InferenceServerClient, binary: bool, compression: str | None) -> None:
     x = _images()
     out = triton.InferRequestedOutput("logits", binary_data=binary)
-    r = client.infer(MODEL, [_input(x, binary)], outputs=[out], request_id="r-1",
+    r = client.infer(MODEL, [_input(x, binary)], outputs=[out], request_id="r-1", model_version="1",
                      request_compression_algorithm=compression, response_compression_algorithm=compression)
     assert np.allclose(r.as_numpy("logits"), expected_logits(x), atol=1e-4)
     assert r.get_response()["id"] == "r-1" and r.get_response()["model_name"] == MODEL
@@ -250,3 +250,36 @@ def test_api_key_through_the_clients(tiny_artifact: Path) -> None:
     finally:
         c.close()
         proc.stop()
+
+
+def test_overload_deadline_and_internal_errors_are_printable(tmp_path: Path) -> None:
+    """503 (queue full), 504 (deadline) and 500 (engine failure) through tritonclient.http.aio."""
+    from tests.server.helpers import make_failing_artifact
+    from tests.server.test_batching import make_slow_artifact
+
+    slow = make_slow_artifact(tmp_path / "slow")  # each engine call ~0.75 s
+    with serving(slow, "--max-batch", "1", "--max-queue", "1", "--inference-threads", "1", "--timeout-s", "0.4") as p:
+        async def main() -> list[object]:
+            async with triton_aio.InferenceServerClient(p.url.removeprefix("http://")) as c:
+                first = asyncio.ensure_future(c.infer("slow", [_input(_images(1))]))  # runs, then 504
+                await asyncio.sleep(0.15)
+                second = asyncio.ensure_future(c.infer("slow", [_input(_images(1))]))  # queued
+                await asyncio.sleep(0.1)
+                third = c.infer("slow", [_input(_images(1))])  # queue full
+                return await asyncio.gather(first, second, third, return_exceptions=True)
+
+        outcomes = asyncio.run(main())
+    for e in outcomes:
+        print(f"overload: {e}")
+    assert all(isinstance(e, InferenceServerException) for e in outcomes), outcomes
+    statuses = sorted(e.status() for e in outcomes)  # type: ignore[union-attr]
+    assert statuses == ["503", "504", "504"], statuses
+    assert any("queue is full" in str(e) for e in outcomes) and any("--timeout-s" in str(e) for e in outcomes)
+    with serving(make_failing_artifact(tmp_path / "failing"), "--max-wait-ms", "1") as p:
+        c = triton.InferenceServerClient(p.url.removeprefix("http://"))
+        try:
+            _error(lambda: c.infer("failing", [_input(np.ones((1, 3, 32, 32), np.float32))]), 500, "logged")
+            after = c.infer("failing", [_input(np.zeros((1, 3, 32, 32), np.float32))])  # the server carries on
+            assert after.as_numpy("logits").shape == (1, 10)
+        finally:
+            c.close()
