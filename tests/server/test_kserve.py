@@ -257,14 +257,14 @@ def test_overload_deadline_and_internal_errors_are_printable(tmp_path: Path) -> 
     from tests.server.helpers import make_failing_artifact
     from tests.server.test_batching import make_slow_artifact
 
-    slow = make_slow_artifact(tmp_path / "slow")  # each engine call ~0.75 s
-    with serving(slow, "--max-batch", "1", "--max-queue", "1", "--inference-threads", "1", "--timeout-s", "0.4") as p:
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=60)  # each engine call ~1.5 s
+    with serving(slow, "--max-batch", "1", "--max-queue", "1", "--inference-threads", "1", "--timeout-s", "0.8") as p:
         async def main() -> list[object]:
             async with triton_aio.InferenceServerClient(p.url.removeprefix("http://")) as c:
                 first = asyncio.ensure_future(c.infer("slow", [_input(_images(1))]))  # runs, then 504
-                await asyncio.sleep(0.15)
+                await asyncio.sleep(0.3)
                 second = asyncio.ensure_future(c.infer("slow", [_input(_images(1))]))  # queued
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.2)
                 third = c.infer("slow", [_input(_images(1))])  # queue full
                 return await asyncio.gather(first, second, third, return_exceptions=True)
 
