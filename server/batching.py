@@ -117,7 +117,7 @@ class Batcher:
                 raise QueueFullError(self._retry_after())
             self._queue.extend(items)
             self.metrics.queue_depth.set(len(self._queue))
-            self._cond.notify_all()
+            self._cond.notify()  # one free thread takes it; waking them all costs GIL hand-offs per request
         ok = False
         try:
             results = list(await asyncio.gather(*(i.future for i in items)))
@@ -168,7 +168,8 @@ class Batcher:
             finally:
                 with self._cond:
                     self._busy -= 1
-                    self._cond.notify_all()  # a thread waiting to fill stops waiting once the engine is idle
+                    if self._queue:  # a thread waiting to fill stops waiting once the engine is idle
+                        self._cond.notify_all()
 
     def _infer(self, batch: list[_Item]) -> None:
         start = time.perf_counter()

@@ -113,19 +113,21 @@ def format_latency(rep: LatencyReport) -> str:
     raw = float(np.median(rep.raw_ms))
     lines = [f"model: {rep.model}; raw engine batch-1 p50: {raw:.3f} ms (median of rounds "
              f"{', '.join(f'{v:.3f}' for v in rep.raw_ms)})",
-             f"{'server':<9} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50-raw':>8} {'errors':>7}"]
+             f"{'server':<9} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50-raw':>8} {'errors':>7} "
+             f"{'CPU ms/req':>10}"]
     for name, per in rep.servers.items():
         for c, r in per.items():
             p50 = r.percentile(50) * 1e3
             lines.append(f"{name:<9} {c:>5} {r.rps:>8.1f} {p50:>8.2f} {r.percentile(99) * 1e3:>8.2f} "
-                         f"{p50 - raw:>8.2f} {r.errors:>7}")
+                         f"{p50 - raw:>8.2f} {r.errors:>7} {r.cpu_ms_per_request:>10.2f}")
     if "baseline" in rep.servers:
         top = max(rep.servers["this"])
         low = min(rep.servers["this"])
         this, base = rep.servers["this"], rep.servers["baseline"]
         lines.append(f"this/baseline: p50 at concurrency {low} "
                      f"{this[low].percentile(50) / base[low].percentile(50):.2f}, "
-                     f"req/s at concurrency {top} {this[top].rps / max(base[top].rps, 1e-9):.2f}")
+                     f"req/s at concurrency {top} {this[top].rps / max(base[top].rps, 1e-9):.2f}, server CPU per "
+                     f"request at concurrency {top} {this[top].cpu_ms_per_request / base[top].cpu_ms_per_request:.2f}")
     return "\n".join(lines)
 
 
