@@ -158,7 +158,7 @@ def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[tuple[int
     """(classification k, binary) per requested output: at most one entry per model output (H1)."""
     default_binary = _flag(_parameters(req, "request"), "binary_data_output", "request")
     wanted = req.get("outputs")
-    if wanted is None:
+    if wanted is None or wanted == []:  # none listed: every model output, with the request's default
         return [(0, default_binary)]
     if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
         raise ProtocolError(f'outputs must be a list of objects like {{"name": "{art.output_name}"}}')

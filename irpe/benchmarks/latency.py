@@ -60,6 +60,7 @@ class LatencyReport:
     model: str
     raw_ms: list[float]
     servers: dict[str, dict[int, LoadResult]] = field(default_factory=dict)
+    queue_ms: dict[str, dict[int, float]] = field(default_factory=dict)  # mean batcher queue wait per image
 
 
 def bench_latency(artifact_dir: Path, *, requests: int = 200, concurrency: tuple[int, ...] = (1, 32),
@@ -73,6 +74,7 @@ def bench_latency(artifact_dir: Path, *, requests: int = 200, concurrency: tuple
     labels = ["this"] + (["baseline"] if baseline_pythonpath else [])
     envs = {"this": {}, "baseline": {"PYTHONPATH": baseline_pythonpath or ""}}
     runs: dict[str, dict[int, list[LoadResult]]] = {k: {c: [] for c in concurrency} for k in labels}
+    waits = {k: {c: [0.0, 0.0] for c in concurrency} for k in labels}
     rep = LatencyReport(art.name, [])
     ports = {k: _free_port() for k in labels}
     with contextlib.ExitStack() as stack:
@@ -86,9 +88,22 @@ def bench_latency(artifact_dir: Path, *, requests: int = 200, concurrency: tuple
                 payload = v2_request(art.name, f"127.0.0.1:{ports[k]}", x)
                 for c in concurrency:
                     run_load("127.0.0.1", ports[k], payload, max(c, 4), c)  # warm connections
+                    before = queue_wait_totals(ports[k])
                     runs[k][c].append(run_load("127.0.0.1", ports[k], payload, per_round, c, server_pid=pids[k]))
+                    after = queue_wait_totals(ports[k])
+                    waits[k][c] = [w + a - b for w, a, b in zip(waits[k][c], after, before, strict=True)]
     rep.servers = {k: {c: _merge(v) for c, v in per.items()} for k, per in runs.items()}
+    rep.queue_ms = {k: {c: 1e3 * s / max(n, 1) for c, (s, n) in per.items()} for k, per in waits.items()}
     return rep
+
+
+def queue_wait_totals(port: int) -> tuple[float, float]:
+    """(seconds, images) of ``irpe_queue_wait_seconds`` so far, from the server's /metrics."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("irpe_queue_wait_seconds_"))
+    return float(values.get("irpe_queue_wait_seconds_sum", 0)), float(values.get("irpe_queue_wait_seconds_count", 0))
 
 
 @contextlib.contextmanager
@@ -114,12 +129,13 @@ def format_latency(rep: LatencyReport) -> str:
     lines = [f"model: {rep.model}; raw engine batch-1 p50: {raw:.3f} ms (median of rounds "
              f"{', '.join(f'{v:.3f}' for v in rep.raw_ms)})",
              f"{'server':<9} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50-raw':>8} {'errors':>7} "
-             f"{'CPU ms/req':>10}"]
+             f"{'CPU ms/req':>10} {'queue ms':>8}"]
     for name, per in rep.servers.items():
         for c, r in per.items():
             p50 = r.percentile(50) * 1e3
             lines.append(f"{name:<9} {c:>5} {r.rps:>8.1f} {p50:>8.2f} {r.percentile(99) * 1e3:>8.2f} "
-                         f"{p50 - raw:>8.2f} {r.errors:>7} {r.cpu_ms_per_request:>10.2f}")
+                         f"{p50 - raw:>8.2f} {r.errors:>7} {r.cpu_ms_per_request:>10.2f} "
+                         f"{rep.queue_ms.get(name, {}).get(c, float('nan')):>8.2f}")
     if "baseline" in rep.servers:
         top = max(rep.servers["this"])
         low = min(rep.servers["this"])
