@@ -177,8 +177,11 @@ async def ready(request: Request) -> JSONResponse:
 
 def _metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
     crop = art.preprocess.crop
-    platform = "tensorrt_plan" if state.engine and state.engine.info.backend == "tensorrt" else "onnxruntime_onnx"
+    info = state.engine.info if state.engine else None
+    backend, precision = (info.backend, info.precision) if info else ("", None)
+    platform = {"tensorrt": "tensorrt_plan", "openvino": "openvino"}.get(backend, "onnxruntime_onnx")
     return {"name": art.name, "versions": ["1"], "platform": platform,
+            "parameters": {"backend": backend or None, "precision": precision},
             "inputs": [{"name": art.input_name, "datatype": "FP32", "shape": [-1, 3, crop, crop]}],
             "outputs": [{"name": art.output_name, "datatype": "FP32", "shape": [-1, art.num_classes]}]}
 
