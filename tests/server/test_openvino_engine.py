@@ -127,6 +127,22 @@ def test_int8_artifact_served_unchanged_reports_backend_and_precision(artifacts)
             assert r.status_code == 200 and r.json()["predictions"][0][0]["label"] == str(int(logits[i].argmax()))
 
 
+def test_precision_rules_and_setting(artifacts) -> None:
+    from irpe.server.config import Settings
+    from irpe.server.openvino_engine import resolve_precision
+
+    art = load_artifact(artifacts[0])
+    assert resolve_precision("bf16", art, has_bf16=False) == "fp32"  # no native bf16: fp32 (and a log line)
+    assert resolve_precision("bf16", art, has_bf16=True) == "bf16"
+    assert resolve_precision("auto", art, has_bf16=True) == "fp32"  # no passing bf16 report: not lowered
+    art.fidelity = {"bf16": {"passed": True}}
+    assert resolve_precision("auto", art, has_bf16=True) == "bf16"
+    assert resolve_precision("fp32", art, has_bf16=True) == "fp32"
+    assert Settings.from_env(env={"IRPE_PRECISION": "bf16"}).precision == "bf16"
+    with pytest.raises(ValueError, match="precision 'int4': choose one of auto, fp32, bf16"):
+        Settings.from_env(env={}, precision="int4")
+
+
 def test_backend_openvino_without_openvino_is_one_line_naming_the_extra(artifacts, tmp_path: Path) -> None:
     shadow = tmp_path / "no-openvino" / "openvino"
     shadow.mkdir(parents=True)
