@@ -65,6 +65,8 @@ class ModelArtifact:
     versions: dict[str, str] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    quantization: dict[str, Any] = field(default_factory=dict)  # int8 QDQ: method, scope, calibration
+    fidelity: dict[str, Any] = field(default_factory=dict)  # "int8" / "bf16" vs fp32 on held-out images
     format_version: int = ARTIFACT_FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -65,9 +65,18 @@ def _load(checkpoint: Path, name: str | None, overrides: dict[str, Any]) -> tupl
 def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | None = None,
                     overrides: dict | None = None, formats: str | Sequence[str] = ("onnx",),
                     rpe_plugin: bool = False, opset: int = 17, max_batch: int = 32, fp16: bool = False,
-                    progress: bool = True) -> Path:
-    """Export ``checkpoint`` into ``out_dir`` (model.onnx, model.json; parity checked); returns out_dir."""
+                    progress: bool = True, int8: bool = False, calibration: str | None = None,
+                    calibration_options: dict[str, Any] | None = None) -> Path:
+    """Export ``checkpoint`` into ``out_dir`` (model.onnx, model.json; parity checked); returns out_dir.
+
+    ``calibration`` (``digits`` or an image directory) adds fidelity reports on held-out images (bf16 where
+    OpenVINO runs it); ``int8`` replaces model.onnx by its calibrated QDQ form (see :mod:`.precision`);
+    ``calibration_options``: :func:`irpe.export.precision.reduced_precision` keywords."""
     formats = parse_formats(formats)
+    if int8 and not calibration:
+        raise ExportError("--int8 needs calibration images: --calibration digits or --calibration DIR")
+    if int8 and (fp16 or rpe_plugin):
+        raise ExportError("--int8 quantizes the fp32 graph without plugin ops; drop --fp16 / --rpe-plugin")
     if max_batch < 1:
         raise ExportError(f"--max-batch must be >= 1, got {max_batch}")
     out_dir, checkpoint = Path(out_dir), Path(checkpoint)
@@ -98,6 +107,10 @@ def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | 
     onnx.save(proto, str(onnx_path))
     art.onnx_sha256 = file_sha256(onnx_path)
     save_artifact(art, out_dir)
+    if calibration:
+        from .precision import reduced_precision
+
+        reduced_precision(art, out_dir, calibration, int8=int8, say=log.say, **(calibration_options or {}))
     log.say(f"wrote {onnx_path} and {out_dir / 'model.json'}")
     _extra_formats(art, out_dir, formats, max_batch=max_batch, fp16=fp16, log=log,
                    tensorrt_onnx=lambda: _tensorrt_onnx(model, proto, out_dir, opset=opset, fp16=fp16, pp=pp))

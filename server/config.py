@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-BACKENDS = ("auto", "onnxruntime", "tensorrt")
+BACKENDS = ("auto", "onnxruntime", "tensorrt", "openvino")
+PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("cpu", "cuda")
 
 
@@ -33,6 +34,7 @@ class Settings:
     api_key: str = ""
     log_level: str = "info"
     jpeg_draft: bool = False
+    precision: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -52,6 +54,8 @@ class Settings:
         """Raise ValueError naming the setting and the accepted range."""
         if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r}: choose one of {', '.join(DEVICES)}")
         checks = {"max_batch": self.max_batch >= 0, "max_queue": self.max_queue >= 1,

@@ -37,6 +37,7 @@ class EngineInfo:
     input_shape: list[Any]
     max_batch: int
     batch_sizes: list[int] = field(default_factory=list)
+    precision: str = "fp32"  # fp32, fp16, bf16, int8+fp32 / int8+bf16 (int8 QDQ MatMuls, the rest in fp32/bf16)
 
 
 class Engine(Protocol):
@@ -87,7 +88,9 @@ class OrtEngine:
         self.dtype = np.float16 if spec.type == "tensor(float16)" else np.float32
         self.static_batch = spec.shape[0] if isinstance(spec.shape[0], int) else 0
         limit = min(max_batch, self.static_batch) if self.static_batch else max_batch
-        self.info = EngineInfo("onnxruntime", device, list(used), list(spec.shape), limit, batch_sizes(limit))
+        precision = "int8+fp32" if art.quantization.get("precision") == "int8" else "fp32"
+        self.info = EngineInfo("onnxruntime", device, list(used), list(spec.shape), limit, batch_sizes(limit),
+                               precision="fp16" if self.dtype == np.float16 else precision)
 
     def run(self, images: np.ndarray) -> np.ndarray:
         """float32 [N,3,H,W] -> float32 [N,classes]."""
@@ -123,20 +126,40 @@ def plan_path(directory: Path, art: ModelArtifact) -> Path:
     return directory / str(entry.get("file") or entry.get("path") or "model.plan")
 
 
-def choose_backend(directory: Path, art: ModelArtifact, backend: str, device: str) -> str:
-    """Resolve ``auto``: TensorRT on a GPU when the plan and the package exist, else ONNX Runtime."""
+def choose_backend(directory: Path, art: ModelArtifact, backend: str, device: str, precision: str = "auto") -> str:
+    """Resolve ``auto``: TensorRT on a GPU when the plan and the package exist; on a CPU, OpenVINO when it is
+    installed and the artifact is int8 or runs in bf16 (``openvino_engine.preferred``: at fp32 both runtimes
+    are equally fast, measured in ``irpe bench cpu``); else ONNX Runtime."""
     if backend != "auto":
         return backend
     if device == "cuda" and plan_path(directory, art).is_file() and importlib.util.find_spec("tensorrt"):
         return "tensorrt"
+    if device == "cpu":
+        from .openvino_engine import preferred
+
+        if preferred(art, precision):
+            return "openvino"
     return "onnxruntime"
 
 
 def load_engine(directory: str | Path, art: ModelArtifact, *, backend: str = "auto", device: str = "cpu",
-                threads: int = 0, max_batch: int = 16) -> Engine:
-    """Build the engine for an artifact directory; raises EngineError with the fix on failure."""
+                threads: int = 0, max_batch: int = 16, precision: str = "auto", streams: int = 1) -> Engine:
+    """Build the engine for an artifact directory; raises EngineError with the fix on failure.
+
+    ``precision`` (auto, fp32, bf16) is the float precision OpenVINO runs; ``streams`` the number of threads
+    that call ``run`` concurrently (OpenVINO compiles one stream each)."""
     directory = Path(directory)
-    backend = choose_backend(directory, art, backend, device)
+    backend = choose_backend(directory, art, backend, device, precision)
+    if backend == "openvino":
+        if device != "cpu":
+            raise EngineError("--backend openvino runs on the CPU; use --device cpu")
+        from .openvino_engine import OpenVINOEngine
+
+        return OpenVINOEngine(directory / art.onnx_file, art, precision=precision, threads=threads,
+                              streams=streams, max_batch=max_batch)
+    if precision == "bf16":
+        raise EngineError(f"--precision bf16 needs --backend openvino ({backend} runs fp32 here); "
+                          "pip install 'irpe-deploy[cpu]' and pass --backend openvino")
     if backend == "tensorrt":
         if device != "cuda":
             raise EngineError("--backend tensorrt needs --device cuda")

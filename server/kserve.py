@@ -136,7 +136,10 @@ async def model_stats(request: Request, name: str, version: str | None = None) -
 
 def _metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
     crop = art.preprocess.crop
+    info = state.engine.info if state.engine else None
+    backend, precision = (info.backend, info.precision) if info else ("", None)
     return {"name": art.name, "versions": ["1"], "platform": _platform(state)[0],
+            "parameters": {"backend": backend or None, "precision": precision},
             "inputs": [{"name": art.input_name, "datatype": codec.DATATYPE, "shape": [-1, 3, crop, crop]}],
             "outputs": [{"name": art.output_name, "datatype": codec.DATATYPE, "shape": [-1, art.num_classes]}]}
 
@@ -144,6 +147,8 @@ def _metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
 def _platform(state: ServerState) -> tuple[str, str]:
     if state.engine and state.engine.info.backend == "tensorrt":
         return "tensorrt_plan", "tensorrt"
+    if state.engine and state.engine.info.backend == "openvino":
+        return "openvino", "openvino"
     return "onnxruntime_onnx", "onnxruntime"
 
 

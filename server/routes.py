@@ -108,6 +108,8 @@ def model_metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
             "num_classes": art.num_classes, "labels": art.labels, "preprocess": art.to_dict()["preprocess"],
             "opset": art.opset, "versions": art.versions, "parity": art.parity, "ready": state.ready,
             "backend": info.backend if info else None, "device": info.device if info else None,
+            "precision": info.precision if info else None, "quantization": art.quantization,
+            "fidelity": art.fidelity,
             "providers": info.providers if info else [], "batch_sizes": info.batch_sizes if info else [],
             "max_wait_ms": state.settings.max_wait_ms, "jpeg_draft": state.settings.jpeg_draft}
 

@@ -42,10 +42,11 @@ class ServerState:
         s = self.settings
         self.art = load_artifact(Path(s.artifact_dir))
         self.engine = load_engine(s.artifact_dir, self.art, backend=s.backend, device=s.device,
-                                  threads=s.resolved_threads(), max_batch=s.resolved_max_batch())
+                                  threads=s.resolved_threads(), max_batch=s.resolved_max_batch(),
+                                  precision=s.precision, streams=s.resolved_inference_threads())
         info = self.engine.info
-        log.info("model %s: backend %s on %s, providers in use %s, batch sizes %s, %d inference thread(s) "
-                 "x %d intra-op thread(s)", self.art.name, info.backend, info.device, info.providers,
+        log.info("model %s: backend %s (%s) on %s, providers in use %s, batch sizes %s, %d inference thread(s) "
+                 "x %d intra-op thread(s)", self.art.name, info.backend, info.precision, info.device, info.providers,
                  info.batch_sizes, s.resolved_inference_threads(), s.resolved_threads())
         self.pool = ThreadPoolExecutor(s.resolved_decode_threads(), thread_name_prefix="irpe-decode")
         self.batcher = Batcher(self.engine.run, sizes=info.batch_sizes, max_wait_ms=s.max_wait_ms,

@@ -11,6 +11,50 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_export_bench(bsub)
     add_serve_bench(bsub)
     add_latency_bench(bsub)
+    add_cpu_bench(bsub)
+
+
+def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
+    """``irpe bench cpu``: ONNX Runtime / OpenVINO fp32, bf16, our int8 and NNCF int8, side by side."""
+    p = bsub.add_parser("cpu", help="CPU paths side by side: ONNX Runtime fp32, OpenVINO fp32/bf16, our int8 "
+                                    "QDQ on both runtimes, OpenVINO NNCF int8 (anchor)")
+    p.add_argument("--models", default="plain,k,qkv", help="comma list of plain, k, qk, qkv (default plain,k,qkv)")
+    p.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
+    p.add_argument("--paths", default="ort-fp32,ov-fp32,ov-bf16,ort-int8,ov-int8,nncf-int8",
+                   help="comma list of the paths to time")
+    p.add_argument("--repeats", type=int, default=10, help="interleaved timed rounds (median reported)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0, help="threads per runtime (default: all cores)")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--calibration-size", type=int, default=32, help="photo crops to calibrate int8 on")
+    p.add_argument("--int8-scope", choices=["linear", "attention", "all"], default="linear")
+    p.add_argument("--served", type=int, default=0, metavar="N",
+                   help="also serve fp32 (ONNX Runtime) and int8 (default backend): N requests each at "
+                   "concurrency 16")
+
+    def run(args: argparse.Namespace) -> int:
+        """Parse the lists, run the bench, print the table."""
+        from irpe.benchmarks.cpu import format_table, run_cpu_bench
+        from irpe.commands import CLIError
+
+        try:
+            batches = [int(b) for b in args.batch.split(",") if b.strip()]
+        except ValueError:
+            raise CLIError(f"--batch must be a comma list of integers, got {args.batch!r}") from None
+        if not batches or min(batches) < 1 or args.repeats < 1 or args.warmup < 0 or args.calibration_size < 1:
+            raise CLIError("--batch values, --repeats and --calibration-size must be >= 1, --warmup >= 0")
+        split = [m.strip().lower() for m in args.models.split(",") if m.strip()]
+        paths = [m.strip().lower() for m in args.paths.split(",") if m.strip()]
+        rows, notes = run_cpu_bench(split, batches, paths=paths, repeats=args.repeats, warmup=args.warmup,
+                                    threads=args.threads, img_size=args.img_size,
+                                    calibration_size=args.calibration_size, scope=args.int8_scope,
+                                    served=args.served)
+        print(format_table(rows))
+        for line in notes:
+            print(line)
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def add_export_bench(bsub: argparse._SubParsersAction) -> None:

@@ -18,7 +18,26 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--fp16", action="store_true")
+    add_int8_options(p)
     p.set_defaults(func=run)
+
+
+def add_int8_options(p: argparse.ArgumentParser) -> None:
+    """--int8 and its calibration / fidelity options."""
+    g = p.add_argument_group("int8 / bf16 (CPU: OpenVINO, ONNX Runtime; GPU: TensorRT explicit quantization)")
+    g.add_argument("--int8", action="store_true", help="model.onnx becomes a calibrated int8 QDQ graph")
+    g.add_argument("--calibration", help="'digits' or a directory of images: calibrates --int8 and holds "
+                   "out other images for the fidelity reports (also the bf16 one) in model.json")
+    g.add_argument("--calibration-size", type=int, default=64, help="calibration images (default 64)")
+    g.add_argument("--heldout-size", type=int, default=400,
+                   help="held-out images for fidelity (default 400; digits has 360)")
+    g.add_argument("--calibration-method", choices=["percentile", "entropy", "minmax"], default="percentile")
+    g.add_argument("--int8-scope", choices=["linear", "attention", "all"], default="linear",
+                   help="MatMuls quantized: linear layers (default), + attention matmuls, + iRPE matmuls")
+    g.add_argument("--min-top1", type=float, help="int8 floor: top-1 agreement with fp32 (default 0.99)")
+    g.add_argument("--min-cosine", type=float, help="int8 floor: mean logit cosine with fp32 (default 0.99)")
+    g.add_argument("--max-accuracy-drop", type=float,
+                   help="int8 floor on labelled held-out images, as a fraction (default 0.003 = 0.3 point)")
 
 
 def add_model_overrides(p: argparse.ArgumentParser) -> None:
@@ -40,6 +59,16 @@ def model_overrides(args: argparse.Namespace) -> dict[str, object]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def int8_options(args: argparse.Namespace) -> dict[str, object]:
+    """reduced_precision keywords from the parsed --calibration-* / floor options."""
+    if args.calibration_size < 1 or args.heldout_size < 1:
+        raise CLIError("--calibration-size and --heldout-size must be >= 1")
+    floors = {"top1_agreement": args.min_top1, "cosine_mean": args.min_cosine,
+              "accuracy_drop": args.max_accuracy_drop}
+    return {"calibration_size": args.calibration_size, "heldout": args.heldout_size,
+            "method": args.calibration_method, "scope": args.int8_scope, "floors": floors}
+
+
 def run(args: argparse.Namespace) -> int:
     """Export, print where the artifact went; library errors become one-line CLI errors (exit 2)."""
     from irpe.export import export_artifact
@@ -48,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--max-batch must be >= 1, got {args.max_batch}")
     out = export_artifact(args.checkpoint, args.output, name=args.model, overrides=model_overrides(args),
                           formats=args.format, rpe_plugin=args.rpe_plugin, opset=args.opset,
-                          max_batch=args.max_batch, fp16=args.fp16, progress=True)
+                          max_batch=args.max_batch, fp16=args.fp16, progress=True, int8=args.int8,
+                          calibration=args.calibration, calibration_options=int8_options(args))
     print(out / "model.json")
     return 0

@@ -22,8 +22,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("artifact_dir", nargs="?", help="directory with model.json (or IRPE_ARTIFACT_DIR)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="default 8000")
-    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt"])
+    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"],
+                   help="auto: TensorRT on a GPU with a plan; on a CPU OpenVINO for int8/bf16 when installed, "
+                   "else ONNX Runtime")
     p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
+                   help="OpenVINO float precision; auto: bf16 where the CPU has it and model.json's bf16 "
+                   "fidelity report passed, else fp32")
     p.add_argument("--max-batch", type=int, help="images per inference call (default: 4 on cpu, 32 on cuda)")
     p.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill (default 5)")
     p.add_argument("--max-queue", type=int, help="queued images before 503 (default 256)")
@@ -51,7 +56,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
-            "jpeg_draft"]
+            "jpeg_draft", "precision"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
     load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
     serve(settings)
@@ -63,7 +68,7 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
     p.add_argument("images", nargs="+")
     p.add_argument("--model", required=True, help="artifact directory, or a checkpoint to export first")
     p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt"], default="auto")
+    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"], default="auto")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.set_defaults(func=run_classify)
 

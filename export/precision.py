@@ -1,0 +1,88 @@
+"""Reduced precision for an exported artifact: bf16 and int8 fidelity on held-out images, the int8 QDQ model.onnx.
+
+``model.json`` ``fidelity``:
+
+* ``bf16``: the fp32 graph run by OpenVINO with the bf16 inference-precision hint vs fp32 (when OpenVINO is
+  installed and the CPU has bf16); recorded, never fatal (top-1 / accuracy floors as for int8, cosine
+  0.999). ``--precision auto`` serves bf16 only when it passed.
+* ``int8``: the QDQ graph on the default CPU runtime (OpenVINO, bf16 elsewhere where the CPU has it; else
+  ONNX Runtime) vs fp32 (ONNX Runtime); ``int8_onnxruntime`` the same graph on ONNX Runtime when OpenVINO
+  was the main one. Both are enforced: below a floor the export stops (exit 2, naming each gap) and the
+  directory keeps the fp32 model.onnx.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from irpe.artifact import ModelArtifact, file_sha256, save_artifact
+
+from . import fidelity, metadata, quantize
+
+
+def reduced_precision(art: ModelArtifact, out_dir: Path, calibration: str, *, int8: bool,
+                      calibration_size: int = 64, heldout: int = 400, method: str = "percentile",
+                      scope: str = "linear", floors: dict[str, float | None] | None = None,
+                      say: Callable[[str], None] = print) -> ModelArtifact:
+    """Write the fidelity reports (and, with ``int8``, the QDQ model.onnx) into ``out_dir``; returns ``art``."""
+    onnx_path = out_dir / art.onnx_file
+    sets = fidelity.image_sets(calibration, art, calibration_size=calibration_size, heldout=heldout)
+    say(f"calibration / held-out images: {sets.source}")
+    ref = fidelity.run_logits(onnx_path, sets.heldout)
+    bf16 = fidelity.openvino_bf16()
+    if bf16:
+        report = fidelity.compare(ref, fidelity.run_logits(onnx_path, sets.heldout, runtime="openvino",
+                                                           precision="bf16"), sets.labels)
+        report["runtime"] = "openvino-cpu bf16"
+        bf16_floors = {k: v for k, v in (floors or {}).items() if k != "cosine_mean"}  # bf16 keeps 0.999
+        art.fidelity["bf16"] = fidelity.enforce("bf16", report, bf16_floors)
+        say(fidelity.format_report("bf16", report))
+    save_artifact(art, out_dir)
+    if not int8:
+        return art
+    with tempfile.TemporaryDirectory(prefix="irpe-int8-") as tmp:
+        qdq = Path(tmp) / "model.int8.onnx"
+        say(f"int8: calibrating ({method}, scope {scope}) on {len(sets.calibration)} images ...")
+        quantize.qdq_from_onnx(onnx_path, qdq, sets.calibration, method=method, scope=scope,
+                               input_name=art.input_name)
+        _int8_reports(art, qdq, ref, sets, bf16, floors or {}, out_dir, say)
+        proto = onnx.load(str(qdq))
+        art.quantization = quantize.summary(proto, method=method, scope=scope, images=len(sets.calibration),
+                                            source=sets.source)
+        metadata.set_metadata(proto, metadata.metadata_summary(art))
+        onnx.save(proto, str(onnx_path))
+    art.onnx_sha256 = file_sha256(onnx_path)
+    save_artifact(art, out_dir)
+    say(f"int8: {art.quantization['matmuls']} MatMuls quantized; model.onnx is the QDQ graph")
+    return art
+
+
+def _int8_reports(art: ModelArtifact, qdq: Path, ref: Any, sets: fidelity.ImageSets, bf16: bool,
+                  floors: dict[str, float | None], out_dir: Path, say: Callable[[str], None]) -> None:
+    """Measure the QDQ graph on each CPU runtime; save the reports, then enforce them (FidelityError)."""
+    runs = [("int8_onnxruntime", "onnxruntime", "fp32", "onnxruntime-cpu")]
+    if fidelity.openvino_available():
+        precision = "bf16" if bf16 else "fp32"
+        runs.insert(0, ("int8", "openvino", precision, f"openvino-cpu ({precision} elsewhere)"))
+    else:
+        runs[0] = ("int8", "onnxruntime", "fp32", "onnxruntime-cpu")
+    errors = []
+    for key, runtime, precision, label in runs:
+        report = fidelity.compare(ref, fidelity.run_logits(qdq, sets.heldout, runtime=runtime,
+                                                           precision=precision), sets.labels)
+        report["runtime"] = label
+        try:
+            fidelity.enforce("int8", report, floors)
+        except fidelity.FidelityError as e:
+            errors.append(f"{label}: {e}")
+        art.fidelity[key] = report
+        say(fidelity.format_report("int8", report))
+    if errors:
+        save_artifact(art, out_dir)  # the reports stay in model.json; model.onnx is still the fp32 graph
+        raise fidelity.FidelityError(f"int8 export refused (model.onnx in {out_dir} stays fp32): "
+                                     + " | ".join(errors))

@@ -1,0 +1,202 @@
+"""``irpe bench cpu``: every CPU path for the same DeiT-S model, side by side in one run.
+
+Per model (random weights, RPE tables random): ``irpe export`` fp32, and ``--int8`` calibrated on crops of
+scikit-image's photographs (an image directory, as a user would pass); then, interleaved round by round so
+that load from other processes hits every path alike, the median latency of: ONNX Runtime fp32, OpenVINO
+fp32 and bf16, our int8 QDQ model.onnx on ONNX Runtime and on OpenVINO (bf16 elsewhere), and OpenVINO NNCF
+int8 (``ModelType.TRANSFORMER``, bf16 elsewhere) quantized by the bench from the same fp32 model as the
+anchor. Ratios are to ONNX Runtime fp32 of the same model and batch. ``--served`` adds served req/s of the
+fp32 artifact on ONNX Runtime vs the int8 artifact on the default backend (``irpe serve``, real JPEGs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Runner = Callable[[np.ndarray], Any]
+PATHS = ("ort-fp32", "ov-fp32", "ov-bf16", "ort-int8", "ov-int8", "nncf-int8")
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "cat", "immunohistochemistry", "hubble_deep_field",
+          "camera", "coins", "horse", "moon", "page")
+
+
+@dataclass
+class Row:
+    """Median latency of one path, one model, one batch size."""
+
+    model: str
+    path: str
+    batch: int
+    median_ms: float
+    runs: int
+
+
+def _log(text: str) -> None:
+    print(f"irpe bench cpu: {text}", file=sys.stderr, flush=True)
+
+
+def photo_dir(root: Path, count: int, seed: int = 0) -> Path:
+    """``count`` random crops (flipped half the time) of scikit-image's bundled photographs as JPEGs."""
+    from PIL import Image
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    photos = [Image.fromarray(getattr(data, n)()).convert("RGB") for n in PHOTOS]
+    for i in range(count):
+        img = photos[i % len(photos)]
+        w, h = img.size
+        s = int(min(w, h) * rng.uniform(0.5, 1.0))
+        x, y = int(rng.integers(0, w - s + 1)), int(rng.integers(0, h - s + 1))
+        crop = img.crop((x, y, x + s, y + s))
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        crop.save(root / f"{i:04d}.jpg", quality=92)
+    return root
+
+
+def export_pair(model: str, tmp: Path, calib: Path, *, img_size: int, calibration_size: int,
+                scope: str) -> tuple[Path, Path]:
+    """(fp32 artifact, int8 artifact) of a random-weight ``model`` (fidelity floors off: random weights)."""
+    import torch
+
+    from irpe.export import export_artifact
+    from irpe.export.bench import random_model
+
+    ckpt = tmp / f"{model}.pth"
+    torch.save({"model": random_model(model, img_size).state_dict()}, ckpt)
+    kw = {"name": model, "overrides": {"img_size": img_size}, "progress": False}
+    fp32 = export_artifact(ckpt, tmp / f"{model}-fp32", **kw)
+    floors = {"top1_agreement": 0.0, "cosine_mean": 0.0, "accuracy_drop": 1.0}
+    int8 = export_artifact(ckpt, tmp / f"{model}-int8", int8=True, calibration=str(calib), **kw,
+                           calibration_options={"calibration_size": calibration_size, "heldout": 16,
+                                                "scope": scope, "floors": floors})
+    return fp32, int8
+
+
+def _ort(path: Path, threads: int) -> Runner:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.log_severity_level = threads, 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return lambda x: sess.run(None, {"images": x})
+
+
+def _ov(model: Any, precision: str, threads: int) -> Runner:
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(model, "CPU", {
+        "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32", "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_NUM_THREADS": str(threads)})
+    req = compiled.create_infer_request()
+    return lambda x: req.infer({0: x})
+
+
+def nncf_model(fp32_onnx: Path, calib: np.ndarray) -> Any:
+    """OpenVINO NNCF int8 of the fp32 model (transformer preset), or None without nncf."""
+    try:
+        import nncf
+        import openvino as ov
+    except ImportError:
+        _log("nncf is not installed: no NNCF anchor (pip install 'irpe-deploy[bench-cpu]')")
+        return None
+    model = ov.Core().read_model(str(fp32_onnx))
+    dataset = nncf.Dataset([calib[i:i + 1] for i in range(len(calib))])
+    return nncf.quantize(model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calib))
+
+
+def runners(fp32: Path, int8: Path, calib: np.ndarray, threads: int, paths: Sequence[str]) -> dict[str, Runner]:
+    """Every requested path that can run here (OpenVINO paths need the [cpu] extra)."""
+    import openvino as ov
+
+    out: dict[str, Runner] = {}
+    read = ov.Core().read_model
+    table: dict[str, Callable[[], Runner | None]] = {
+        "ort-fp32": lambda: _ort(fp32 / "model.onnx", threads),
+        "ov-fp32": lambda: _ov(read(str(fp32 / "model.onnx")), "fp32", threads),
+        "ov-bf16": lambda: _ov(read(str(fp32 / "model.onnx")), "bf16", threads),
+        "ort-int8": lambda: _ort(int8 / "model.onnx", threads),
+        "ov-int8": lambda: _ov(read(str(int8 / "model.onnx")), "bf16", threads),
+        "nncf-int8": lambda: (lambda m: _ov(m, "bf16", threads) if m is not None else None)(
+            nncf_model(fp32 / "model.onnx", calib))}
+    for p in paths:
+        r = table[p]()
+        if r is not None:
+            out[p] = r
+    return out
+
+
+def time_interleaved(runs: dict[str, Runner], x: np.ndarray, repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Each path once per round, ``repeats`` rounds after ``warmup``; seconds per run."""
+    for _ in range(warmup):
+        for r in runs.values():
+            r(x)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, r in runs.items():
+            start = time.perf_counter()
+            r(x)
+            times[k].append(time.perf_counter() - start)
+    return times
+
+
+def run_cpu_bench(models: Sequence[str], batches: Sequence[int], *, paths: Sequence[str] = PATHS,
+                  repeats: int = 10, warmup: int = 2, threads: int = 0, img_size: int = 224,
+                  calibration_size: int = 32, scope: str = "linear",
+                  served: int = 0) -> tuple[list[Row], list[str]]:
+    """Latency rows for every (model, path, batch) and, with ``served`` requests, the served lines."""
+    from irpe.export.bench import BENCH_MODELS
+
+    unknown = [m for m in models if m not in BENCH_MODELS] + [p for p in paths if p not in PATHS]
+    if unknown:
+        raise ValueError(f"unknown bench model/path {unknown}; models: {', '.join(BENCH_MODELS)}; "
+                         f"paths: {', '.join(PATHS)}")
+    threads = threads or os.cpu_count() or 1
+    rows: list[Row] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="irpe-bench-cpu-") as tmp:
+        calib_dir = photo_dir(Path(tmp) / "photos", calibration_size + 16)
+        for m in models:
+            _log(f"exporting {m} fp32 and int8 (calibrating on {calibration_size} photo crops)")
+            fp32, int8 = export_pair(BENCH_MODELS[m], Path(tmp), calib_dir, img_size=img_size,
+                                     calibration_size=calibration_size, scope=scope)
+            from irpe.artifact import load_artifact
+            from irpe.export.fidelity import image_sets
+
+            calib = image_sets(str(calib_dir), load_artifact(fp32), calibration_size=calibration_size).calibration
+            runs = runners(fp32, int8, calib, threads, paths)
+            for b in batches:
+                _log(f"{m}, batch {b}: {len(runs)} paths x {repeats} interleaved rounds")
+                x = np.random.default_rng(0).standard_normal((b, 3, img_size, img_size), dtype=np.float32)
+                for p, t in time_interleaved(runs, x, repeats, warmup).items():
+                    rows.append(Row(m, p, b, float(np.median(t) * 1e3), len(t)))
+            if served:
+                from .cpu_served import served_lines
+
+                notes += served_lines(m, fp32, int8, served, rows)
+    return rows, notes
+
+
+def format_table(rows: list[Row]) -> str:
+    """One line per (model, batch, path): median ms and the ratio to ONNX Runtime fp32 (and to NNCF)."""
+    lines = [f"{'model':6s} {'batch':>5s} {'path':10s} {'median ms':>10s} {'vs ort-fp32':>11s} {'vs nncf':>8s}"]
+    keys = sorted({(r.model, r.batch) for r in rows}, key=lambda k: (k[0], k[1]))
+    for model, batch in keys:
+        group = {r.path: r for r in rows if (r.model, r.batch) == (model, batch)}
+        base, anchor = group.get("ort-fp32"), group.get("nncf-int8")
+        for p in PATHS:
+            if p in group:
+                r = group[p]
+                vs = f"{r.median_ms / base.median_ms:10.2f}x" if base else f"{'n/a':>11s}"
+                va = f"{r.median_ms / anchor.median_ms:7.2f}x" if anchor else f"{'n/a':>8s}"
+                lines.append(f"{model:6s} {batch:5d} {p:10s} {r.median_ms:10.1f} {vs} {va}")
+    return "\n".join(lines)

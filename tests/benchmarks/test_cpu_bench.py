@@ -1,0 +1,26 @@
+"""``irpe bench cpu``: option checks and the ratio table (timing itself is a benchmark, not a test)."""
+
+from __future__ import annotations
+
+import pytest
+
+from irpe.benchmarks.cpu import Row, format_table, run_cpu_bench
+from irpe.cli import main
+
+
+def test_table_ratios_to_onnxruntime_fp32_and_to_the_nncf_anchor() -> None:
+    rows = [Row("k", "ort-fp32", 8, 100.0, 5), Row("k", "ov-int8", 8, 30.0, 5), Row("k", "nncf-int8", 8, 40.0, 5),
+            Row("k", "ov-bf16", 1, 10.0, 5)]
+    lines = format_table(rows).splitlines()
+    int8 = next(line for line in lines if "ov-int8" in line).split()
+    assert int8[-2:] == ["0.30x", "0.75x"]
+    assert next(line for line in lines if "ov-bf16" in line).split()[-2:] == ["n/a", "n/a"]
+
+
+def test_unknown_models_and_paths_and_bad_batches_are_refused(capsys) -> None:
+    with pytest.raises(ValueError, match="unknown bench model/path"):
+        run_cpu_bench(["huge"], [1])
+    with pytest.raises(ValueError, match="paths: ort-fp32"):
+        run_cpu_bench(["k"], [1], paths=["ort-fp16"])
+    assert main(["bench", "cpu", "--batch", "8,x"]) == 2
+    assert "--batch must be a comma list" in capsys.readouterr().err
