@@ -54,19 +54,21 @@ RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 FROM base-${VARIANT} AS final
 # Extras of irpe-deploy for the CPU image (comma-separated). Issue 18's OpenVINO extra: CPU_EXTRAS=cpu.
 ARG CPU_EXTRAS=""
-# Pinned runtimes. onnxruntime-gpu 1.31 on PyPI is built for CUDA 13 + cuDNN 9, so TensorRT is the -cu13 build.
+# Pinned runtimes. onnxruntime-gpu 1.31 on PyPI is built for CUDA 13 + cuDNN 9 and its TensorRT provider links
+# libnvinfer.so.10, so TensorRT is the -cu13 build of a 10.x release.
 ARG ORT_VERSION=1.32.0
 ARG ORT_GPU_VERSION=1.31.1
 ARG TENSORRT=0
 ARG TENSORRT_PACKAGE=tensorrt-cu13
-ARG TENSORRT_VERSION=11.4.0.106
+ARG TENSORRT_VERSION=10.16.1.11
 ARG CUDA_PYTHON_VERSION=13.4.4
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     IRPE_HOST=0.0.0.0 \
     IRPE_PORT=8000 \
-    IRPE_ARTIFACT_DIR=/models
+    IRPE_ARTIFACT_DIR=/models \
+    ORT_DISABLE_TELEMETRY=1
 COPY --from=wheel /wheels /wheels
 COPY scripts/image-install.sh /usr/local/lib/irpe/image-install.sh
 SHELL ["/bin/sh", "-eu", "-c"]

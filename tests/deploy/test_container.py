@@ -68,20 +68,28 @@ def engine() -> list[str]:
     return cmd
 
 
-@pytest.fixture(scope="module")
-def cpu_image(engine: list[str]) -> str:
-    """Build the CPU variant (layers cached by the engine); record build time and size."""
+def _build(engine: list[str], variant: str, tag: str, *build_args: str) -> int:
+    """Build a variant on the pinned python:3.11-slim, or the local stand-in when no registry answers;
+    record the build time and image size (layers are cached by the engine, so rebuilds are quick)."""
     start = time.monotonic()
     base = _run(["bash", str(REPO / "scripts" / "container-base.sh"), engine[0]], timeout=900).stdout.strip()
     base_s = time.monotonic() - start
-    build = [*engine, "build", "--build-arg", "VARIANT=cpu", "--build-arg", f"PYTHON_IMAGE={base}", "-t", TAG]
+    build = [*engine, "build", "--build-arg", f"VARIANT={variant}", "--build-arg", f"PYTHON_IMAGE={base}", "-t", tag]
+    for arg in build_args:
+        build += ["--build-arg", arg]
     if engine[0] == "podman":  # HEALTHCHECK is a Docker-format field; the host's CA bundle for pip
         build += ["--format", "docker", "--network", "host", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro"]
     start = time.monotonic()
-    _run([*build, str(REPO)], timeout=1200)
-    size = int(_run([*engine, "image", "inspect", "--format", "{{.Size}}", TAG]).stdout.strip())
-    _record(engine=engine[0], base_image=base, base_s=round(base_s, 1),
-            cpu_build_s=round(time.monotonic() - start, 1), cpu_image_mb=round(size / 1e6, 1))
+    _run([*build, str(REPO)], timeout=1500)
+    size = int(_run([*engine, "image", "inspect", "--format", "{{.Size}}", tag]).stdout.strip())
+    _record(**{"engine": engine[0], "base_image": base, "base_s": round(base_s, 1),
+               f"{variant}_build_s": round(time.monotonic() - start, 1), f"{variant}_image_mb": round(size / 1e6, 1)})
+    return size
+
+
+@pytest.fixture(scope="module")
+def cpu_image(engine: list[str]) -> str:
+    size = _build(engine, "cpu", TAG)
     assert size < 400e6, f"CPU image is {size / 1e6:.0f} MB; the target is < 400 MB"
     return TAG
 
@@ -107,18 +115,24 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Container:
-    """A detached container publishing port 8000 on 127.0.0.1; logs kept for failure messages."""
+    """A detached container (``run -d`` + ``options`` + image + args), reached on 127.0.0.1:``port``."""
 
-    def __init__(self, engine: list[str], image: str, models: Path | None, *args: str, ready: bool = True):
-        self.engine, self.name, self.port = engine, f"irpe-test-{uuid.uuid4().hex[:8]}", free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [*engine, "run", "-d", "--name", self.name, "--read-only", "--tmpfs", "/tmp:size=64m",
-               "-p", f"127.0.0.1:{self.port}:8000", "-e", f"IRPE_API_KEY={KEY}", "-e", "IRPE_LOG_LEVEL=warning"]
-        if models is not None:
-            cmd += ["-v", f"{models}:/models:ro"]
-        _run([*cmd, image, *args])
+    def __init__(self, engine: list[str], options: list[str], port: int, ready: bool = True):
+        self.engine, self.name, self.port = engine, f"irpe-test-{uuid.uuid4().hex[:8]}", port
+        self.url = f"http://127.0.0.1:{port}"
+        _run([*engine, "run", "-d", "--name", self.name, *options])
         if ready:
             self.wait_ready()
+
+    @classmethod
+    def serve(cls, engine: list[str], image: str, models: Path | None, *args: str, ready: bool = True) -> Container:
+        """The hardened way to run it: read-only root, a small /tmp, the key, /models read-only."""
+        port = free_port()
+        options = ["--read-only", "--tmpfs", "/tmp:size=64m", "-p", f"127.0.0.1:{port}:8000",
+                   "-e", f"IRPE_API_KEY={KEY}", "-e", "IRPE_LOG_LEVEL=warning"]
+        if models is not None:
+            options += ["-v", f"{models}:/models:ro"]
+        return cls(engine, [*options, image, *args], port, ready)
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -153,7 +167,7 @@ class Container:
 
 @pytest.fixture(scope="module")
 def served(engine: list[str], cpu_image: str, artifact: Path) -> Iterator[Container]:
-    c = Container(engine, cpu_image, artifact)
+    c = Container.serve(engine, cpu_image, artifact)
     try:
         yield c
     finally:
@@ -208,7 +222,7 @@ def test_image_healthcheck_succeeds_inside(served: Container, engine: list[str],
 def test_sigterm_with_requests_in_flight_loses_none(engine: list[str], cpu_image: str, artifact: Path) -> None:
     """Batches wait up to 3 s to fill, so every request is still queued when SIGTERM arrives."""
     n = 12
-    c = Container(engine, cpu_image, artifact, "--max-batch", "64", "--max-wait-ms", "3000")
+    c = Container.serve(engine, cpu_image, artifact, "--max-batch", "64", "--max-wait-ms", "3000")
     try:
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             futures = [pool.submit(httpx.post, c.url + "/classify", files=_files(1), headers=AUTH, timeout=60)
@@ -244,7 +258,7 @@ def _corrupt(artifact: Path, tmp: Path) -> Path:
 def test_bad_models_is_a_one_line_error(case: str, engine: list[str], cpu_image: str, artifact: Path,
                                         tmp_path: Path) -> None:
     models = None if case == "missing" else _corrupt(artifact, tmp_path)
-    c = Container(engine, cpu_image, models, ready=False)
+    c = Container.serve(engine, cpu_image, models, ready=False)
     try:
         code = c.wait_exit(120)
         lines = [line for line in c.logs().splitlines() if line.strip()]
@@ -253,3 +267,58 @@ def test_bad_models_is_a_one_line_error(case: str, engine: list[str], cpu_image:
     assert code != 0
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
     assert lines[0].startswith("irpe serve: error:") and "/models" in lines[0], lines
+
+
+def _readme_journey() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("# 3. in a container"):]
+    return block[:block.index("```")].splitlines()[1:]
+
+
+def test_readme_container_lines_work(engine: list[str], cpu_image: str, artifact: Path, tmp_path: Path) -> None:
+    """README's `docker run` and `curl` lines, run as written but for what the comment above them says
+    (CPU image: no --gpus all), the image tag, the artifact path and a free port on 127.0.0.1."""
+    import shlex
+
+    build, run, curl = _readme_journey()
+    assert shlex.split(build)[:2] == ["docker", "build"]
+    port = free_port()
+    args = shlex.split(run.replace("--gpus all ", "").replace("-p 8000:8000", f"-p 127.0.0.1:{port}:8000")
+                       .replace("$PWD/artifacts/small-k", str(artifact)))
+    assert args[:3] == ["docker", "run", "-d"] and args[-1] == "irpe-serve:gpu"
+    c = Container(engine, args[2:-1] + [cpu_image], port)
+    try:
+        (tmp_path / "cat.jpg").write_bytes(encode(image((96, 80)), "JPEG"))
+        out = subprocess.run(shlex.split(curl.replace(":8000/", f":{port}/")), cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0 and json.loads(out.stdout)["model"] == MODEL, out.stdout + out.stderr
+    finally:
+        c.remove()
+
+
+@pytest.mark.slow
+def test_gpu_image_without_a_cuda_base(engine: list[str], artifact: Path) -> None:
+    """The GPU variant (about 3 GB of CUDA/cuDNN wheels; `pytest -m slow`): no GPU is needed to build it.
+    Its onnxruntime lists the CUDA and TensorRT providers, the CUDA provider's libraries all resolve but
+    the driver's libcuda.so.1 (the NVIDIA container toolkit mounts it), and a start without a GPU is one
+    line and a non-zero exit."""
+    tag = "localhost/irpe-serve:gpu-test"
+    _build(engine, "gpu", tag)
+    probe = ("import glob, subprocess, onnxruntime as ort; print(ort.get_available_providers()); "
+             "lib = glob.glob('/opt/venv/lib/python3*/site-packages/onnxruntime/capi/"
+             "libonnxruntime_providers_cuda.so')[0]; "
+             "print([l.split()[0] for l in subprocess.run(['ldd', lib], capture_output=True, text=True)"
+             ".stdout.splitlines() if 'not found' in l])")
+    out = _run([*engine, "run", "--rm", "--entrypoint", "python", tag, "-c", probe])
+    providers, missing = out.stdout.strip().splitlines()[-2:]
+    assert "'CUDAExecutionProvider'" in providers and "'TensorrtExecutionProvider'" in providers, out.stdout
+    assert missing == "['libcuda.so.1']", out.stdout
+    _record(gpu_providers=providers)
+    c = Container.serve(engine, tag, artifact, ready=False)
+    try:
+        code = c.wait_exit(120)
+        lines = [line for line in c.logs().splitlines() if line.strip()]
+    finally:
+        c.remove()
+    assert code != 0 and len(lines) == 1, lines
+    assert "--device cuda: no NVIDIA driver" in lines[0] and "--gpus all" in lines[0], lines
