@@ -33,5 +33,13 @@ fi
 # not needed at run time: NumPy's own test suite, setuptools, and (last) pip itself
 site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 find "$site/numpy" -type d -name tests -prune -exec rm -rf {} +
+# OpenVINO (CPU_EXTRAS): serving needs its CPU plugin and the ONNX/IR readers only; the Intel GPU/NPU plugins,
+# their kernel cache and the TensorFlow/PyTorch/Paddle/JAX/GGUF readers are 72 MB (2026.4: CPU and AUTO still
+# compile, available_devices is ['CPU']).
+if [ -d "$site/openvino/libs" ]; then
+  (cd "$site/openvino/libs" && rm -f cache.json libopenvino_intel_gpu_plugin.so libopenvino_intel_npu_plugin.so \
+     libopenvino_tensorflow_frontend.so* libopenvino_tensorflow_lite_frontend.so* libopenvino_pytorch_frontend.so* \
+     libopenvino_paddle_frontend.so* libopenvino_jax_frontend.so* libopenvino_gguf_frontend.so*)
+fi
 pip uninstall -y -q setuptools 2>/dev/null || true
 pip uninstall -y -q pip
