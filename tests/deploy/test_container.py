@@ -220,9 +220,9 @@ def test_image_healthcheck_succeeds_inside(served: Container, engine: list[str],
 
 
 def test_sigterm_with_requests_in_flight_loses_none(engine: list[str], cpu_image: str, artifact: Path) -> None:
-    """Batches wait up to 3 s to fill, so every request is still queued when SIGTERM arrives."""
+    """Batches wait up to 8 s to fill, so every request is still queued when SIGTERM arrives."""
     n = 12
-    c = Container.serve(engine, cpu_image, artifact, "--max-batch", "64", "--max-wait-ms", "3000")
+    c = Container.serve(engine, cpu_image, artifact, "--max-batch", "64", "--max-wait-ms", "8000")
     try:
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             futures = [pool.submit(httpx.post, c.url + "/classify", files=_files(1), headers=AUTH, timeout=60)
