@@ -57,12 +57,12 @@ class OrtEngine:
 
     def __init__(self, onnx_path: Path, art: ModelArtifact, *, device: str, threads: int, max_batch: int):
         import onnxruntime as ort
+        if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            _require_cuda_driver()  # before ONNX Runtime prints its own fallback errors
 
         if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
             raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
                               f"(available: {ort.get_available_providers()}); pip install onnxruntime-gpu")
-        if device == "cuda":
-            _require_cuda_driver()
         try:
             self.session = ort.InferenceSession(str(onnx_path), _session_options(ort, threads),
                                                 providers=_providers(device))
