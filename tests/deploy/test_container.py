@@ -322,3 +322,23 @@ def test_gpu_image_without_a_cuda_base(engine: list[str], artifact: Path) -> Non
         c.remove()
     assert code != 0 and len(lines) == 1, lines
     assert "--device cuda: no NVIDIA driver" in lines[0] and "--gpus all" in lines[0], lines
+
+
+def test_open_bind_needs_a_key_or_an_explicit_opt_out(engine: list[str], cpu_image: str, artifact: Path) -> None:
+    """The image binds 0.0.0.0: with the server's M5 refusal (issue 22) it does not start without a key;
+    IRPE_INSECURE=1, as documented, serves without one."""
+    port = free_port()
+    base = ["--read-only", "--tmpfs", "/tmp:size=64m", "-p", f"127.0.0.1:{port}:8000", "-v", f"{artifact}:/models:ro"]
+    if "insecure" in (REPO / "server" / "config.py").read_text():
+        c = Container(engine, [*base, cpu_image], port, ready=False)
+        try:
+            code, lines = c.wait_exit(120), [line for line in c.logs().splitlines() if line.strip()]
+        finally:
+            c.remove()
+        assert code != 0 and len(lines) == 1 and "IRPE_API_KEY" in lines[0], lines
+    c = Container(engine, [*base, "-e", "IRPE_INSECURE=1", cpu_image], port)
+    try:
+        r = httpx.post(c.url + "/classify", files=_files(1), timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        c.remove()
