@@ -1,36 +1,41 @@
 # syntax=docker/dockerfile:1
-# irpe-deploy serving image (torch-free): `irpe serve /models`.
+# irpe-deploy serving image (torch-free): `irpe serve /models`. No nvidia/cuda base: the GPU variant gets
+# CUDA and cuDNN as pip wheels (onnxruntime-gpu[cuda,cudnn]); the driver comes from the host through the
+# NVIDIA container toolkit (`--gpus all`).
 #   GPU (default):  docker build -t irpe-serve:gpu .
 #   GPU + TensorRT: docker build --build-arg TENSORRT=1 -t irpe-serve:trt .
 #   CPU:            docker build --build-arg VARIANT=cpu -t irpe-serve:cpu .
-#   Run:            docker run --gpus all -p 8000:8000 -v $PWD/artifacts:/models irpe-serve:gpu
-# Extra `irpe serve` flags go after the image name; every setting is also an IRPE_* variable.
+#   Run:            docker run --gpus all -p 8000:8000 -e IRPE_API_KEY=change-me -v $PWD/artifacts:/models:ro irpe-serve:gpu
+# The image binds 0.0.0.0, so give it a key (IRPE_API_KEY; clients send `Authorization: Bearer <key>`), or
+# opt out explicitly with IRPE_INSECURE=1. Extra `irpe serve` flags go after the image name; every setting
+# is also an IRPE_* variable.
+# Without a registry (podman): PYTHON_IMAGE=$(scripts/container-base.sh) builds a local Debian stand-in, then
+#   podman build --format docker --network host -v /etc/ssl/certs:/etc/ssl/certs:ro --build-arg PYTHON_IMAGE=... .
 ARG VARIANT=gpu
-ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04
-ARG PYTHON_IMAGE=python:3.11-slim
+# Pinned base (same tag for both variants); pin a digest too (`@sha256:...`) for byte-identical rebuilds.
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
-# --- GPU base: CUDA 12 + cuDNN 9 libraries, onnxruntime-gpu ---
-FROM ${CUDA_IMAGE} AS base-gpu
-ENV DEBIAN_FRONTEND=noninteractive
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv /opt/venv
-ENV IRPE_EXTRA=gpu IRPE_DEVICE=cuda
+# --- Python base shared by every stage: a venv in /opt/venv ---
+# hadolint ignore=DL3006
+FROM ${PYTHON_IMAGE} AS python
+RUN python3 -m venv /opt/venv
 
-# --- CPU base ---
-FROM ${PYTHON_IMAGE} AS base-cpu
-RUN python -m venv /opt/venv
-ENV IRPE_EXTRA="" IRPE_DEVICE=cpu
+# --- the variants differ only in what the final stage installs ---
+FROM python AS base-gpu
+ENV IRPE_DEVICE=cuda
+
+FROM python AS base-cpu
+ENV IRPE_DEVICE=cpu
 
 # --- build the wheel on the same base (same Python): the exact-resize C kernels need a compiler ---
-# hadolint ignore=DL3006
-FROM base-${VARIANT} AS wheel
+FROM python AS wheel
+# python:*-slim ships Python.h; Debian's python3 needs python3-dev for it.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && if [ "$IRPE_DEVICE" = "cuda" ]; then apt-get install -y --no-install-recommends python3-dev; fi \
+    && if ! python3 -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(sysconfig.get_paths()['include'] + '/Python.h'))"; then \
+         apt-get install -y --no-install-recommends python3-dev; \
+       fi \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
@@ -47,27 +52,28 @@ RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 # --- final image, from the variant picked with --build-arg VARIANT=gpu|cpu ---
 # hadolint ignore=DL3006
 FROM base-${VARIANT} AS final
+# Extras of irpe-deploy for the CPU image (comma-separated): OpenVINO (`cpu`) by default; CPU_EXTRAS="" for ORT only.
+ARG CPU_EXTRAS="cpu"
+# Pinned runtimes. onnxruntime-gpu 1.31 on PyPI is built for CUDA 13 + cuDNN 9 and its TensorRT provider links
+# libnvinfer.so.10, so TensorRT is the -cu13 build of a 10.x release.
+ARG ORT_VERSION=1.32.0
+ARG ORT_GPU_VERSION=1.31.1
 ARG TENSORRT=0
+ARG TENSORRT_PACKAGE=tensorrt-cu13
+ARG TENSORRT_VERSION=10.16.1.11
+ARG CUDA_PYTHON_VERSION=13.4.4
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     IRPE_HOST=0.0.0.0 \
     IRPE_PORT=8000 \
-    IRPE_ARTIFACT_DIR=/models
+    IRPE_ARTIFACT_DIR=/models \
+    ORT_DISABLE_TELEMETRY=1
 COPY --from=wheel /wheels /wheels
+COPY scripts/image-install.sh /usr/local/lib/irpe/image-install.sh
 SHELL ["/bin/sh", "-eu", "-c"]
-# onnxruntime and onnxruntime-gpu share a module name: the GPU image keeps only onnxruntime-gpu.
-# hadolint ignore=DL3013
-RUN wheel="$(ls /wheels/irpe_deploy-*.whl)" \
-    && if [ -n "$IRPE_EXTRA" ]; then \
-         pip install --no-cache-dir "${wheel}[${IRPE_EXTRA}]" \
-         && pip uninstall -y onnxruntime \
-         && pip install --no-cache-dir --force-reinstall --no-deps onnxruntime-gpu; \
-       else \
-         pip install --no-cache-dir "${wheel}"; \
-       fi \
-    && if [ "$TENSORRT" = "1" ]; then pip install --no-cache-dir 'tensorrt-cu12>=10.9,<12' cuda-python; fi \
-    && rm -rf /wheels \
+RUN sh /usr/local/lib/irpe/image-install.sh \
+    && rm -rf /wheels /usr/local/lib/irpe \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin irpe \
     && mkdir -p /models \
     && chown irpe /models

@@ -58,6 +58,8 @@ class OrtEngine:
 
     def __init__(self, onnx_path: Path, art: ModelArtifact, *, device: str, threads: int, max_batch: int):
         import onnxruntime as ort
+        if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            _require_cuda_driver()  # before ONNX Runtime prints its own fallback errors
 
         if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
             raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
@@ -72,7 +74,8 @@ class OrtEngine:
         used = self.session.get_providers()
         if device == "cuda" and "CUDAExecutionProvider" not in used:
             raise EngineError("--device cuda: ONNX Runtime fell back to CPU (providers in use: "
-                              f"{used}); check the CUDA 12 / cuDNN 9 libraries are on the library path")
+                              f"{used}); check the CUDA and cuDNN libraries onnxruntime-gpu was built for are on the "
+                              "library path")
         inputs = {i.name: i for i in self.session.get_inputs()}
         if art.input_name not in inputs:
             raise EngineError(f"{onnx_path}: no input {art.input_name!r} (has {sorted(inputs)}); re-export")
@@ -183,3 +186,18 @@ def warm_up(engine: Engine, art: ModelArtifact) -> float:
             raise EngineError(f"model output shape {out.shape} != ({n}, {art.num_classes}) from model.json; "
                               "re-export the artifact")
     return time.perf_counter() - start
+
+
+def _require_cuda_driver() -> None:
+    """Without the NVIDIA driver, ONNX Runtime prints its own errors and falls back to CPU: say it in one line."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise EngineError("--device cuda: no NVIDIA driver here (libcuda.so.1 not found); on a GPU host run the "
+                          "container with --gpus all (NVIDIA container toolkit), or serve on the CPU with "
+                          "--device cpu (the CPU image)") from None

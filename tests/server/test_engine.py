@@ -51,3 +51,19 @@ def test_plugin_graph_is_refused_with_the_fix(tiny_artifact: Path, tmp_path: Pat
     save_artifact(art, tmp_path / "a")
     with pytest.raises(EngineError, match="without --rpe-plugin"):
         load_engine(tmp_path / "a", load_artifact(tmp_path / "a"))
+
+
+def test_cuda_without_a_driver_is_one_line_naming_the_fix() -> None:
+    """--device cuda on a host (or container started without --gpus) that has no NVIDIA driver."""
+    import ctypes
+
+    from irpe.server.engine import _require_cuda_driver
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        with pytest.raises(EngineError, match=r"libcuda\.so\.1 not found.*--gpus all") as e:
+            _require_cuda_driver()
+        assert "\n" not in str(e.value)
+    else:  # a driver is installed: nothing to refuse
+        _require_cuda_driver()

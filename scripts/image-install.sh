@@ -1,0 +1,45 @@
+#!/bin/sh
+# Runs inside the Dockerfile's final stage (as root): installs the irpe-deploy wheel from /wheels into /opt/venv.
+#   IRPE_DEVICE=cpu:  the wheel + onnxruntime==$ORT_VERSION (+ the extras in $CPU_EXTRAS).
+#   IRPE_DEVICE=cuda: the wheel's serving deps with onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION in place of
+#                     onnxruntime (same module name; CUDA + cuDNN arrive as nvidia-* wheels), TensorRT and
+#                     cuda-python when TENSORRT=1, and the wheels' library folders registered with ldconfig.
+set -eu
+wheel="$(ls /wheels/irpe_deploy-*.whl)"
+pip_install() { pip install --no-cache-dir --disable-pip-version-check "$@"; }
+
+if [ "$IRPE_DEVICE" = cpu ]; then
+  pip_install "${wheel}${CPU_EXTRAS:+[$CPU_EXTRAS]}" "onnxruntime==${ORT_VERSION}"
+else
+  pip_install --no-deps "$wheel"
+  # the wheel's own runtime requirements, less onnxruntime (markers kept, extras dropped)
+  python - > /tmp/requirements.txt <<'EOF'
+import re
+from importlib.metadata import requires
+for req in requires("irpe-deploy") or []:
+    if "extra ==" not in req and re.split(r"[ ;<>=!~\[]", req, maxsplit=1)[0] != "onnxruntime":
+        print(req)
+EOF
+  pip_install -r /tmp/requirements.txt "onnxruntime-gpu[cuda,cudnn]==${ORT_GPU_VERSION}"
+  rm /tmp/requirements.txt
+  if [ "$TENSORRT" = 1 ]; then
+    pip_install "${TENSORRT_PACKAGE}==${TENSORRT_VERSION}" "cuda-python==${CUDA_PYTHON_VERSION}"
+  fi
+  site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  find "$site/nvidia" "$site/tensorrt_libs" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u \
+    > /etc/ld.so.conf.d/irpe-cuda-wheels.conf
+  ldconfig
+fi
+# not needed at run time: NumPy's own test suite, setuptools, and (last) pip itself
+site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+find "$site/numpy" -type d -name tests -prune -exec rm -rf {} +
+# OpenVINO (CPU_EXTRAS): serving needs its CPU plugin and the ONNX/IR readers only; the Intel GPU/NPU plugins,
+# their kernel cache and the TensorFlow/PyTorch/Paddle/JAX/GGUF readers are 72 MB (2026.4: CPU and AUTO still
+# compile, available_devices is ['CPU']).
+if [ -d "$site/openvino/libs" ]; then
+  (cd "$site/openvino/libs" && rm -f cache.json libopenvino_intel_gpu_plugin.so libopenvino_intel_npu_plugin.so \
+     libopenvino_tensorflow_frontend.so* libopenvino_tensorflow_lite_frontend.so* libopenvino_pytorch_frontend.so* \
+     libopenvino_paddle_frontend.so* libopenvino_jax_frontend.so* libopenvino_gguf_frontend.so*)
+fi
+pip uninstall -y -q setuptools 2>/dev/null || true
+pip uninstall -y -q pip
