@@ -33,13 +33,18 @@ fi
 # not needed at run time: NumPy's own test suite, setuptools, and (last) pip itself
 site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 find "$site/numpy" -type d -name tests -prune -exec rm -rf {} +
-# OpenVINO (CPU_EXTRAS): serving needs its CPU plugin and the ONNX/IR readers only; the Intel GPU/NPU plugins,
-# their kernel cache and the TensorFlow/PyTorch/Paddle/JAX/GGUF readers are 72 MB (2026.4: CPU and AUTO still
-# compile, available_devices is ['CPU']).
-if [ -d "$site/openvino/libs" ]; then
-  (cd "$site/openvino/libs" && rm -f cache.json libopenvino_intel_gpu_plugin.so libopenvino_intel_npu_plugin.so \
-     libopenvino_tensorflow_frontend.so* libopenvino_tensorflow_lite_frontend.so* libopenvino_pytorch_frontend.so* \
-     libopenvino_paddle_frontend.so* libopenvino_jax_frontend.so* libopenvino_gguf_frontend.so*)
+# OpenVINO (CPU_EXTRAS): the server compiles on "CPU" from ONNX only, so the Intel GPU/NPU plugins (and their
+# kernel cache), the AUTO/HETERO/batch plugins, every frontend but ONNX, the converter tools, headers, stubs and
+# CMake files go: 180 MB -> ~97 MB (2026.4; fp32, bf16 and int8 still compile on CPU).
+ov="$site/openvino"
+if [ -d "$ov/libs" ]; then
+  rm -f "$ov"/libs/cache.json "$ov"/libs/libopenvino_intel_gpu_plugin.so "$ov"/libs/libopenvino_intel_npu_plugin.so \
+        "$ov"/libs/libopenvino_auto_plugin.so "$ov"/libs/libopenvino_auto_batch_plugin.so \
+        "$ov"/libs/libopenvino_hetero_plugin.so
+  for fe in tensorflow tensorflow_lite pytorch paddle jax gguf; do rm -f "$ov"/libs/libopenvino_${fe}_frontend.so*; done
+  rm -rf "$ov"/include "$ov"/cmake "$ov"/frontend/tensorflow "$ov"/frontend/pytorch "$ov"/frontend/paddle \
+         "$ov"/frontend/jax "$ov"/torch "$ov"/tools
+  find "$ov" -name '*.pyi' -delete
 fi
 pip uninstall -y -q setuptools 2>/dev/null || true
 pip uninstall -y -q pip
