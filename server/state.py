@@ -19,6 +19,7 @@ from .config import Settings
 from .decode import PixelBudget, prepare
 from .engine import Engine, load_engine, warm_up
 from .errors import APIError
+from .memory import fix_mmap_threshold
 from .metrics import Metrics
 
 log = logging.getLogger("irpe.server")
@@ -46,6 +47,7 @@ class ServerState:
     def load(self) -> None:
         """Read model.json and build the engine (fails fast: missing files, GPU fallback, ...)."""
         s = self.settings
+        fix_mmap_threshold()
         self.art = load_artifact(Path(s.artifact_dir))
         self.engine = load_engine(s.artifact_dir, self.art, backend=s.backend, device=s.device,
                                   threads=s.resolved_threads(), max_batch=s.resolved_max_batch())
@@ -102,6 +104,9 @@ class ServerState:
         """Count ``n`` images as admitted before any is decoded: 503 with Retry-After when the images
         being decoded or queued would pass --max-queue (a many-image request is refused, not decoded)."""
         self.require_ready()
+        if n > self.settings.max_queue:
+            raise APIError(413, "too_many_files", f"{n} images in one request; the queue holds "
+                           f"{self.settings.max_queue} (--max-queue)")
         if self.admitted + n > self.settings.max_queue:
             retry = max(1, self.admitted // 64)
             raise APIError(503, "queue_full", f"server busy: {self.admitted} image(s) being decoded or queued, "

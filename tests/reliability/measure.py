@@ -43,7 +43,10 @@ def header(url: str) -> str:
     with socket.create_connection((host, int(port)), timeout=120) as s:
         try:
             s.sendall(hostile.huge_header_request(host, int(port), 32 << 20))
-            return s.recv(200).split(b"\r\n")[0].decode()
+        except OSError:  # answered and closed while we were sending
+            pass
+        try:
+            return s.recv(200).split(b"\r\n")[0].decode() or "closed"
         except OSError as e:
             return type(e).__name__
 
