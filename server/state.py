@@ -86,7 +86,7 @@ class ServerState:
     def check_workers(self) -> None:
         """A ready server whose inference thread died (an error outside the engine call) turns unready."""
         threads = getattr(self.batcher, "_threads", [])
-        if self.ready and threads and not all(t.is_alive() for t in threads):
+        if self.ready and any(t.ident is not None and not t.is_alive() for t in threads):
             self.ready = False
             self.failure = "an inference worker thread stopped (see the server log); restart the server"
             self.metrics.ready.set(0)

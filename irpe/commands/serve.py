@@ -74,6 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
             "jpeg_draft", *LIMIT_KEYS]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
+    settings.check_exposure()  # before anything else: an exposed server without a key never starts
     load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
     serve(settings)
     return 0
