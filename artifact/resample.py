@@ -183,12 +183,29 @@ def resize_crop(img: Image.Image, size: int, crop: int, interpolation: str) -> n
     v_first = bool(rows and cols and vertical_first(w, h, nw, nh))
     if v_first and not _ORDER_VERIFIED:
         return None
-    band = np.asarray(img.crop((c0, r0, c1, r1)) if (c0, r0, c1, r1) != (0, 0, w, h) else img)
-    if v_first:
-        return _horizontal(_convolve(band, rows[0], rows[1]), cols)
-    if cols:
-        band = _horizontal(band, cols)
+    if v_first:  # the first pass runs on strips of columns, so no full-size copy of a big image is made
+        strips = [_convolve(_region(img, (a, r0, b, r1)), rows[0], rows[1])
+                  for a, b in _spans(c0, c1, r1 - r0)]
+        return _horizontal(np.concatenate(strips, axis=1), cols)
+    if cols:  # likewise on strips of rows
+        band = np.concatenate([_horizontal(_region(img, (c0, a, c1, b)), cols)
+                               for a, b in _spans(r0, r1, c1 - c0)], axis=0)
+    else:
+        band = _region(img, (c0, r0, c1, r1))
     return _convolve(band, rows[0], rows[1]) if rows else band
+
+
+def _region(img: Image.Image, box: tuple[int, int, int, int]) -> np.ndarray:
+    return np.asarray(img if box == (0, 0, *img.size) else img.crop(box))
+
+
+STRIP_PIXELS = 1 << 20  # pixels per strip of the first pass (~3 MB of RGB)
+
+
+def _spans(start: int, stop: int, across: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into spans of about STRIP_PIXELS / ``across`` lines each."""
+    step = max(1, STRIP_PIXELS // max(1, across))
+    return [(a, min(a + step, stop)) for a in range(start, stop, step)]
 
 
 def _horizontal(band: np.ndarray, cols: tuple[np.ndarray, np.ndarray, int, int]) -> np.ndarray:
