@@ -140,7 +140,8 @@ def _sixteen_to_l(img: Image.Image) -> Image.Image:
         unit = all(float(np.nanmax(arr[r], initial=0.0)) <= 1.0 for r in _rows(arr))
         for r in _rows(arr):
             band = np.nan_to_num(arr[r], nan=0.0, posinf=255.0, neginf=0.0)
-            band = band * np.float32(255.0) if unit else band
+            with np.errstate(over="ignore"):  # -3e38 * 255 -> -inf, clipped to 0 below
+                band = band * np.float32(255.0) if unit else band
             out[r] = np.clip(band, 0, 255).round()
         return Image.fromarray(out, "L")
     for r in _rows(arr):
