@@ -183,3 +183,22 @@ def test_limit_settings_are_validated() -> None:
         Settings.from_env({}, max_pixels=100, max_decode_pixels=50)
     with pytest.raises(ValueError, match="max_images"):
         Settings.from_env({"IRPE_MAX_IMAGES": "0"})
+
+
+def test_health_shows_failure_text_only_with_the_key() -> None:
+    from starlette.requests import Request
+
+    from irpe.server.routes import _failure
+
+    state = ServerState(Settings(api_key="k"))
+    state.failure = "warm-up failed: /secret/path/model.onnx"
+
+    def req(*headers: tuple[bytes, bytes]) -> Request:
+        return Request({"type": "http", "method": "GET", "path": "/healthz", "headers": list(headers)})
+
+    assert "/secret" not in _failure(req(), state)
+    assert "/secret" not in _failure(req((b"authorization", b"Bearer nope")), state)
+    assert _failure(req((b"authorization", b"Bearer k")), state) == state.failure
+    open_state = ServerState(Settings())
+    open_state.failure = state.failure
+    assert _failure(req(), open_state) == state.failure  # no key set: nothing to hide it behind
