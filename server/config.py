@@ -120,15 +120,15 @@ class Settings:
         +2-4% served throughput in ``irpe bench serve`` on 2 cores)."""
         if self.decode_threads:
             return self.decode_threads
-        return _cores() if self.device == "cuda" else max(1, _cores() // 2)
+        return usable_cpus() if self.device == "cuda" else max(1, usable_cpus() // 2)
 
     def resolved_inference_threads(self) -> int:
         """Auto: one worker per core on CPU (single-threaded sessions), one worker on a GPU."""
-        return self.inference_threads or (1 if self.device == "cuda" else _cores())
+        return self.inference_threads or (1 if self.device == "cuda" else usable_cpus())
 
     def resolved_threads(self) -> int:
         """ONNX Runtime intra-op threads per worker; auto splits the cores between the workers."""
-        return self.threads or max(1, _cores() // self.resolved_inference_threads())
+        return self.threads or max(1, usable_cpus() // self.resolved_inference_threads())
 
     def to_env(self) -> dict[str, str]:
         """``IRPE_*`` variables reproducing these settings (used to configure worker processes)."""
@@ -154,7 +154,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _cores() -> int:
+def usable_cpus() -> int:
     """CPUs this process may really use: the smallest of the CPU count, the affinity mask and the
     cgroup CPU quota (``cpu.max`` in v2, ``cpu.cfs_quota_us`` in v1), rounded up."""
     n = os.cpu_count() or 1
