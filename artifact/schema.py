@@ -200,7 +200,8 @@ def save_artifact(art: ModelArtifact, directory: str | Path) -> Path:
     """Write model.json into ``directory`` (the ONNX file must already be there)."""
     problems = art.problems()
     if problems:
-        raise ArtifactError(f"cannot write model.json: {'; '.join(problems[:8])}")
+        raise ArtifactError(f"cannot write model.json: {'; '.join(problems[:8])}; fix these values (e.g. rename "
+                            "the class names in the checkpoint) and export again")
     path = Path(directory) / "model.json"
     path.write_text(json.dumps(art.to_dict(), indent=2) + "\n")
     return path
