@@ -1,6 +1,6 @@
 """Server CPU per request for the HTTP protocol choices (issue 22, H2), measured side by side in one run.
 
-    PYTHONPATH=. .venv/bin/python -m tests.reliability.measure_parser [ROUNDS]
+    PYTHONPATH=. .venv/bin/python -m tests.reliability.measure_parser [ROUNDS [VARIANT ...]]
 
 Variants: uvicorn's httptools protocol (no header limit), the bounded subclass irpe serves with, and h11
 with its 64 KB ``h11_max_incomplete_event_size``. Each serves the same app in its own process; the client
@@ -28,7 +28,7 @@ from irpe.server.app import create_app
 from irpe.server.config import Settings
 from irpe.server.protocol import protocol_factory
 settings = Settings(artifact_dir=sys.argv[1], port=int(sys.argv[2]), max_wait_ms=0, log_level="warning")
-http = {"httptools": "httptools", "bounded": protocol_factory(settings), "h11": "h11"}[sys.argv[3]]
+http = {"httptools": "httptools", "bounded": protocol_factory(settings), "h11": "h11"}[sys.argv[3].split("-")[0]]
 uvicorn.run(create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning", http=http,
             h11_max_incomplete_event_size=64 * 1024)
 """
@@ -69,19 +69,19 @@ def _one(artifact: Path, variant: str, n_get: int, n_post: int) -> tuple[float, 
         proc.wait(10)
 
 
-def main(rounds: int = 3) -> None:
+def main(rounds: int = 3, variants: tuple[str, ...] = VARIANTS) -> None:
     artifact = make_artifact(Path(tempfile.mkdtemp(prefix="irpe-parser-")))
-    got: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
-    for _ in range(rounds):
-        for v in VARIANTS:
+    got: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:  # rotate the order
             got[v].append(_one(artifact, v, 2000, 300))
     print("| protocol | server CPU per GET /healthz | per POST /classify | ratio to httptools (POST) |")
     print("|---|---|---|---|")
     base = statistics.median(p for _, p in got["httptools"])
-    for v in VARIANTS:
+    for v in variants:
         g, p = statistics.median(x for x, _ in got[v]), statistics.median(x for _, x in got[v])
         print(f"| {v} | {g:.3f} ms | {p:.3f} ms | {p / base:.2f} |")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, tuple(sys.argv[2:]) or VARIANTS)

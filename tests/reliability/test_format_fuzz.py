@@ -36,7 +36,8 @@ MAX_PIXELS = 2_000_000
 SECONDS = float(os.environ.get("IRPE_FUZZ_SECONDS", "20"))
 SLOWEST_S = 5.0  # one example, on a shared 2-core machine
 INTERESTING = [0, 1, 0x7F, 0x80, 0xFF, 0x100, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                        "ignore::PIL.Image.DecompressionBombWarning")
 
 
 def _save(img: Image.Image, fmt: str, **kw: object) -> bytes:
