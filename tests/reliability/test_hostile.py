@@ -176,3 +176,20 @@ def test_foreign_host_is_refused_on_a_keyless_loopback_server(srv: ServerProcess
     assert (r.status_code, r.json()["error"]["code"]) == (421, "misdirected_request")
     port = srv.url.rsplit(":", 1)[1]
     assert httpx.get(srv.url + "/v1/models", headers={"host": f"localhost:{port}"}).status_code == 200
+
+
+def test_ordinary_requests_reuse_memory(srv: ServerProcess) -> None:
+    """The allocator settings that return big images' memory must not make ordinary images page-fault
+    on every request (a 1 MB mmap threshold with the default trim threshold cost ~790 faults each)."""
+    jpeg = encode(image((640, 480)), "JPEG", quality=90)
+
+    def faults() -> int:
+        return int(Path(f"/proc/{srv.pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for _ in range(5):
+            c.post("/classify", content=jpeg, headers={"content-type": "image/jpeg"})
+        before = faults()
+        for _ in range(30):
+            assert c.post("/classify", content=jpeg, headers={"content-type": "image/jpeg"}).status_code == 200
+    assert (faults() - before) / 30 < 50, (faults() - before) / 30
