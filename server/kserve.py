@@ -101,8 +101,10 @@ async def live() -> dict[str, bool]:
 
 @router.get("/health/ready", responses=_READY_503)
 async def ready(request: Request) -> JSONResponse:
-    """Readiness (503 until warmed up)."""
-    ok = get_state(request).ready
+    """Readiness (503 until warmed up, or once an inference thread has died)."""
+    state = get_state(request)
+    state.check_workers()
+    ok = state.ready
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
