@@ -29,6 +29,9 @@ class Preprocess:
     ``invert`` is "never", "always" or "auto" (invert when the border is brighter than the centre,
     i.e. a dark drawing on a light background, for models trained on light-on-dark data).
     ``grayscale`` converts to luminance before replicating to three channels.
+    ``fit`` is "none" or "ink": "ink" replaces resize/crop/invert by the ink-box transform of
+    :func:`irpe.artifact.preprocess.fit_ink` (for drawings: any size, margin, position and polarity);
+    ``fit_size`` > 0 passes the ink box through a fit_size x fit_size image first (removes rendering detail).
     """
 
     resize: int = 256
@@ -38,6 +41,8 @@ class Preprocess:
     std: tuple[float, ...] = IMAGENET_STD
     invert: str = "never"
     grayscale: bool = False
+    fit: str = "none"
+    fit_size: int = 0
 
     @classmethod
     def for_imagenet(cls, img_size: int = 224) -> Preprocess:
@@ -65,6 +70,7 @@ class ModelArtifact:
     versions: dict[str, str] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)  # how a shipped model was trained (command, seed, ...)
     format_version: int = ARTIFACT_FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
