@@ -195,6 +195,12 @@ def test_cli_export_by_name_and_cli_errors(zoo: Zoo, tmp_path: Path, capsys: pyt
     out = tmp_path / "artifact"
     assert main(["export", NAME, "--pretrained", "-o", str(out)]) == 0
     assert (out / "model.json").is_file() and (out / "model.onnx").is_file()
+    from PIL import Image
+
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "red.png")
+    capsys.readouterr()
+    assert main(["classify", str(tmp_path / "red.png"), "--model", NAME, "--pretrained", "--top-k", "1"]) == 0
+    assert f"model: {NAME}" in capsys.readouterr().out and len(zoo.paths) == 1  # from the cache
     zoo.files.clear()
     (tmp_path / "cache" / FILE).unlink()
     capsys.readouterr()
