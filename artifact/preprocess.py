@@ -11,6 +11,9 @@ from .resample import resize_crop, resized_size
 from .schema import Preprocess
 
 _RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
+INK_SPREAD = 5.0  # fit="ink": side of the fitted square in standard deviations of the ink
+_INK_FLOOR = 0.2  # fit="ink": ink strength below this is ignored by the moments
+_MIN_CONTRAST = 12.0  # fit="ink": below this luminance difference (0..255) the image counts as blank
 
 
 def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Image:
@@ -91,6 +94,77 @@ def normalise(u8: np.ndarray, pp: Preprocess) -> np.ndarray:
     return np.ascontiguousarray((arr - mean) / std, dtype=np.float32)
 
 
+def ink_map(img: Image.Image) -> np.ndarray:
+    """Luminance -> float32 ink strength in [0, 1], whatever the polarity or colours.
+
+    The background is the median of the border pixels; ink is the distance from it, scaled so the
+    75th percentile of the strong ink (at least half the peak) is 1 (JPEG overshoot and faint or
+    low-contrast renderings map to the same strokes). A near-uniform image gives all zeros.
+    """
+    g = np.asarray(img.convert("L"), dtype=np.float32)
+    border = np.concatenate([g[0], g[-1], g[:, 0], g[:, -1]])
+    d = np.abs(g - np.float32(np.median(border)))
+    peak = float(d.max())
+    if peak < _MIN_CONTRAST:
+        return np.zeros_like(d)
+    level = float(np.percentile(d[d >= 0.5 * peak], 75))
+    return np.minimum(d / np.float32(level), np.float32(1.0))
+
+
+def ink_box(ink: np.ndarray, spread: float = INK_SPREAD) -> tuple[float, float, float, float]:
+    """The square (left, top, right, bottom) centred on the ink's centre of mass, ``spread`` times its
+    larger standard deviation (rows or columns) wide; the whole image when there is no ink.
+
+    Moments, unlike a bounding box, barely move between an 8 px digit and any upscale of it (blocky or
+    smooth), so every rendering lands on the same square. Ink below ``_INK_FLOOR`` (JPEG noise) does not count.
+    """
+    h, w = ink.shape
+    weight = np.maximum(ink - np.float32(_INK_FLOOR), 0)
+    mass = float(weight.sum())
+    if mass <= 0:
+        side = float(max(h, w))
+        return (w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2
+    ys, xs = np.arange(h, dtype=np.float64) + 0.5, np.arange(w, dtype=np.float64) + 0.5
+    rows, cols = weight.sum(1, dtype=np.float64), weight.sum(0, dtype=np.float64)
+    cy, cx = float(rows @ ys) / mass, float(cols @ xs) / mass
+    sy = np.sqrt(max(float(rows @ (ys - cy) ** 2) / mass, 1e-6))
+    sx = np.sqrt(max(float(cols @ (xs - cx) ** 2) / mass, 1e-6))
+    side = spread * max(sx, sy, 0.5)
+    return cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2
+
+
+def fit_ink(img: Image.Image, size: int, interpolation: str = "bilinear", fit_size: int = 0) -> np.ndarray:
+    """``fit="ink"``: :func:`ink_map`, cut the :func:`ink_box` square (blank beyond the image) and
+    resize it to (size, size) float32 in [0, 1]: light ink on black, like a drawing on the demo page,
+    at any image size, margin, position, polarity and colour.
+
+    ``fit_size`` > 0: the square is first resized to fit_size x fit_size and rescaled so its brightest
+    pixel is 1 (for the digits model, about the 8x8 dataset's own resolution: blocky, smooth, thin, thick
+    and JPEG renderings of a digit then look alike), then resized to ``size``.
+    """
+    ink = ink_map(img)
+    left, top, right, bottom = ink_box(ink)
+    h, w = ink.shape
+    pad = int(np.ceil(max(0.0, -left, -top, right - w, bottom - h))) + 1
+    padded = Image.fromarray(np.pad(ink, pad), mode="F")
+    box = (left + pad, top + pad, right + pad, bottom + pad)
+    resample = _RESAMPLE[interpolation]
+    if fit_size > 0:
+        small = np.clip(np.asarray(padded.resize((fit_size, fit_size), resample, box=box), dtype=np.float32), 0, 1)
+        peak = float(small.max())
+        small = small / np.float32(peak) if peak > 0 else small
+        out = Image.fromarray(small, mode="F").resize((size, size), resample)
+    else:
+        out = padded.resize((size, size), resample, box=box)
+    return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+
 def preprocess_image(img: Image.Image, pp: Preprocess, accelerated: bool = True) -> np.ndarray:
-    """Decoded RGB image -> float32 (3, crop, crop) normalised array (see :func:`crop_uint8`)."""
+    """Decoded RGB image -> float32 (3, crop, crop) normalised array (see :func:`crop_uint8`;
+    ``fit="ink"``: :func:`fit_ink`, no resize/crop/invert)."""
+    if pp.fit == "ink":
+        ink = fit_ink(img, pp.crop, pp.interpolation, pp.fit_size)
+        mean = np.asarray(pp.mean, dtype=np.float32)[:, None, None]
+        std = np.asarray(pp.std, dtype=np.float32)[:, None, None]
+        return np.ascontiguousarray((ink[None] - mean) / std, dtype=np.float32)
     return normalise(crop_uint8(img, pp, accelerated), pp)

@@ -30,6 +30,9 @@ class Preprocess:
     ``invert`` is "never", "always" or "auto" (invert when the border is brighter than the centre,
     i.e. a dark drawing on a light background, for models trained on light-on-dark data).
     ``grayscale`` converts to luminance before replicating to three channels.
+    ``fit`` is "none" or "ink": "ink" replaces resize/crop/invert by the ink-box transform of
+    :func:`irpe.artifact.preprocess.fit_ink` (for drawings: any size, margin, position and polarity);
+    ``fit_size`` > 0 passes the ink box through a fit_size x fit_size image first (removes rendering detail).
     """
 
     resize: int = 256
@@ -39,6 +42,8 @@ class Preprocess:
     std: tuple[float, ...] = IMAGENET_STD
     invert: str = "never"
     grayscale: bool = False
+    fit: str = "none"
+    fit_size: int = 0
 
     @classmethod
     def for_imagenet(cls, img_size: int = 224) -> Preprocess:
@@ -68,6 +73,7 @@ class ModelArtifact:
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
     quantization: dict[str, Any] = field(default_factory=dict)  # int8 QDQ: method, scope, calibration
     fidelity: dict[str, Any] = field(default_factory=dict)  # "int8" / "bf16" vs fp32 on held-out images
+    training: dict[str, Any] = field(default_factory=dict)  # how a shipped model was trained (command, seed, ...)
     format_version: int = ARTIFACT_FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:

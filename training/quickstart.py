@@ -1,6 +1,9 @@
-"""``irpe quickstart``: train the digits model once, export it once, serve it.
+"""``irpe quickstart``: serve the shipped digits model; ``--retrain`` trains and exports it anew.
 
-Cache layout under the data dir (``--data-dir``, else ``$IRPE_DATA_DIR``, else ``~/.cache/irpe``)::
+Without options the artifact shipped in the package (:mod:`irpe.artifact.builtin`) is served: no torch,
+no training. ``--retrain`` reproduces it (training extras): train once, export once, record how in
+model.json's ``training`` block. Cache layout under the data dir (``--data-dir``, else
+``$IRPE_DATA_DIR``, else ``~/.cache/irpe``)::
 
     quickstart/<config hash>/train/checkpoint.pth   (+ log.txt, DONE once training finished)
     quickstart/<config hash>/artifact/               (model.onnx, model.json)
@@ -18,14 +21,15 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from irpe import __version__
 
-from .checkpoints import CHECKPOINT_NAME
-from .loop import TrainConfig, train
-from .presets import train_config
+if TYPE_CHECKING:  # torch is imported only when training
+    from .loop import TrainConfig
 
 QUICKSTART_MODEL = "deit_micro_patch4_32_ctx_product_shared_k"
 _NOT_HASHED = ("output", "progress", "device", "workers", "threads", "resume", "stop_after")
@@ -44,8 +48,14 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     return root
 
 
+RETRAIN_COMMAND = "irpe quickstart --retrain"
+DATA_REVISION = 3  # the digits renderings/augmentation; part of the cache key
+
+
 def quickstart_config(output: str = "") -> TrainConfig:
     """The embedded digits training run."""
+    from .presets import train_config
+
     return train_config("digits", output, model=QUICKSTART_MODEL)
 
 
@@ -55,12 +65,16 @@ def config_hash(cfg: TrainConfig) -> str:
 
     recipe = {k: v for k, v in asdict(cfg).items() if k not in _NOT_HASHED}
     arch = repr(get_config(cfg.model, **cfg.overrides))
-    blob = json.dumps({"recipe": recipe, "arch": arch, "irpe": __version__}, sort_keys=True, default=str)
+    blob = json.dumps({"recipe": recipe, "arch": arch, "irpe": __version__, "data": DATA_REVISION},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def trained_checkpoint(root: Path, progress: bool = True) -> Path:
     """The cached digits checkpoint, training (or resuming an interrupted run) when needed."""
+    from .checkpoints import CHECKPOINT_NAME
+    from .loop import train
+
     cfg = quickstart_config()
     run = root / "quickstart" / config_hash(cfg) / "train"
     ckpt, done = run / CHECKPOINT_NAME, run / "DONE"
@@ -70,9 +84,40 @@ def trained_checkpoint(root: Path, progress: bool = True) -> Path:
     _say(f"training the digits model into {run} (once; a few minutes on 2 cores)", progress)
     cfg.output, cfg.progress = str(run), progress
     cfg.resume = str(ckpt) if ckpt.is_file() else None
+    cpu = time.process_time()
     result = train(cfg)
-    done.write_text(json.dumps({"val_acc": result.val_acc, "seconds": result.seconds}) + "\n")
+    done.write_text(json.dumps({"val_acc": result.val_acc, "seconds": result.seconds,
+                                "cpu_seconds": time.process_time() - cpu,
+                                "threads": cfg.threads or torch_threads()}) + "\n")
     return ckpt
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def training_record(checkpoint: Path) -> dict[str, Any]:
+    """model.json's ``training`` block for the quickstart run that wrote ``checkpoint``."""
+    cfg = quickstart_config()
+    done = checkpoint.parent / "DONE"
+    run = json.loads(done.read_text()) if done.is_file() else {}
+    return {"command": RETRAIN_COMMAND, "seed": cfg.seed, "irpe_version": __version__, "data": "digits",
+            "data_revision": DATA_REVISION, "model": cfg.model, "epochs": cfg.epochs, "batch_size": cfg.batch_size,
+            "val_acc": run.get("val_acc"), "train_seconds": run.get("seconds"),
+            "train_cpu_seconds": run.get("cpu_seconds"), "threads": run.get("threads"),
+            "config_hash": config_hash(cfg)}
+
+
+def record_training(artifact: Path, record: dict[str, Any]) -> None:
+    """Add ``record`` as the ``training`` block of ``artifact``/model.json (atomically)."""
+    path = artifact / "model.json"
+    meta = json.loads(path.read_text())
+    meta["training"] = record
+    tmp = path.with_name(".model.json.tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def exported_artifact(checkpoint: Path, out_dir: Path, progress: bool = True) -> Path:
@@ -99,8 +144,13 @@ def exported_artifact(checkpoint: Path, out_dir: Path, progress: bool = True) ->
 
 
 def prepare_artifact(checkpoint: str | Path | None = None, data_dir: str | Path | None = None,
-                     progress: bool = True) -> Path:
-    """Train (once) and export (once) the digits model, or export ``checkpoint``; returns the artifact dir."""
+                     progress: bool = True, retrain: bool = False) -> Path:
+    """The artifact directory to serve: the shipped digits model; with ``retrain`` the digits model trained
+    (once) and exported (once) here; or ``checkpoint`` exported (once)."""
+    if checkpoint is None and not retrain:
+        from irpe.artifact.builtin import builtin_artifact
+
+        return builtin_artifact("digits")
     root = resolve_data_dir(data_dir)
     if checkpoint is not None:
         from irpe.artifact.schema import file_sha256
@@ -113,13 +163,31 @@ def prepare_artifact(checkpoint: str | Path | None = None, data_dir: str | Path 
         ckpt = trained_checkpoint(root, progress)
         out = ckpt.parent.parent / "artifact"
     out.parent.mkdir(parents=True, exist_ok=True)
-    return exported_artifact(ckpt, out, progress)
+    art = exported_artifact(ckpt, out, progress)
+    if checkpoint is None:
+        record_training(art, training_record(ckpt))
+    return art
+
+
+def copy_artifact(src: Path, dest: str | Path) -> Path:
+    """Copy the artifact files of ``src`` into ``dest`` (replacing them), e.g. the package's shipped copy."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("model.onnx", "model.json"):
+        tmp = dest / f".{name}.tmp"
+        shutil.copyfile(src / name, tmp)
+        os.replace(tmp, dest / name)
+    return dest
 
 
 def quickstart(checkpoint: str | Path | None = None, data_dir: str | Path | None = None,
-               host: str = "127.0.0.1", port: int = 8000, serve: bool = True, progress: bool = True) -> Path:
-    """Prepare the artifact, then serve it on http://host:port until interrupted (when ``serve``)."""
-    artifact = prepare_artifact(checkpoint, data_dir, progress)
+               host: str = "127.0.0.1", port: int = 8000, serve: bool = True, progress: bool = True,
+               retrain: bool = False, output: str | Path | None = None) -> Path:
+    """Prepare the artifact (copied to ``output`` when given), then serve it on http://host:port until
+    interrupted (when ``serve``)."""
+    artifact = prepare_artifact(checkpoint, data_dir, progress, retrain)
+    if output is not None:
+        artifact = copy_artifact(artifact, output)
     if serve:
         from irpe.server.app import serve as run_server
         from irpe.server.config import Settings

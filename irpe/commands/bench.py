@@ -12,6 +12,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_serve_bench(bsub)
     add_latency_bench(bsub)
     add_cpu_bench(bsub)
+    add_digits_bench(bsub)
 
 
 def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
@@ -128,5 +129,25 @@ def add_latency_bench(bsub: argparse._SubParsersAction) -> None:
             raise ValueError("--concurrency needs positive integers and --requests must be >= 1")
         run_latency(args.artifact, args.requests, levels, args.baseline_pythonpath, tuple(args.server_arg))
         return 0
+
+    p.set_defaults(func=run)
+
+
+def add_digits_bench(bsub: argparse._SubParsersAction) -> None:
+    """``irpe bench digits``: served accuracy per rendering family of a digits artifact."""
+    p = bsub.add_parser("digits", help="accuracy per rendering family (held-out digits as PNG/JPEG files) "
+                                       "through a real `irpe serve`, and offline")
+    p.add_argument("--artifact", default="digits", help="artifact directory (default: the shipped digits model)")
+    p.add_argument("--per-family", type=int, help="held-out digits per family (default: all 360)")
+    p.add_argument("--url", help="score this running server instead of starting one")
+    p.add_argument("--families", help="comma list (default: all)")
+
+    def run(args: argparse.Namespace) -> int:
+        """Score every family; exit 1 when served and offline labels differ anywhere."""
+        from irpe.benchmarks.digits import run_digits_bench
+
+        families = [f.strip() for f in args.families.split(",")] if args.families else None
+        table = run_digits_bench(args.artifact, args.per_family, args.url, families)
+        return 1 if any(f.mismatches for f in table.values()) else 0
 
     p.set_defaults(func=run)

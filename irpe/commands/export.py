@@ -9,8 +9,10 @@ from irpe.commands import CLIError
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a checkpoint to ONNX / TensorRT / a Triton repository")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", help="checkpoint file, or a published variant name with --pretrained")
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    p.add_argument("--pretrained", action="store_true", help="CHECKPOINT names a published variant: download its "
+                   "released weights (cached; IRPE_CACHE, IRPE_MODEL_MIRROR, IRPE_OFFLINE)")
     p.add_argument("--model", help="registered variant name (default: from the checkpoint)")
     add_model_overrides(p)
     p.add_argument("--format", default="onnx", help="comma list of onnx, tensorrt, triton")
@@ -75,9 +77,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_batch < 1:
         raise CLIError(f"--max-batch must be >= 1, got {args.max_batch}")
-    out = export_artifact(args.checkpoint, args.output, name=args.model, overrides=model_overrides(args),
+    checkpoint, name = pretrained_checkpoint(args.checkpoint, args.model) if args.pretrained else \
+        (args.checkpoint, args.model)
+    out = export_artifact(checkpoint, args.output, name=name, overrides=model_overrides(args),
                           formats=args.format, rpe_plugin=args.rpe_plugin, opset=args.opset,
                           max_batch=args.max_batch, fp16=args.fp16, progress=True, int8=args.int8,
                           calibration=args.calibration, calibration_options=int8_options(args))
     print(out / "model.json")
     return 0
+
+
+def pretrained_checkpoint(name: str, model: str | None) -> tuple[str, str]:
+    """(cached checkpoint path, variant name) of a published variant, downloading it when needed."""
+    from irpe.models.pretrained import download_pretrained
+
+    return str(download_pretrained(name)), model or name

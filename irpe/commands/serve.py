@@ -19,7 +19,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve an artifact over HTTP (/classify, KServe v2, metrics, demo page)",
                        description="Every option can also be set as an IRPE_* environment variable "
                        "(e.g. IRPE_MAX_BATCH=16, IRPE_API_KEY=secret); flags win over variables.")
-    p.add_argument("artifact_dir", nargs="?", help="directory with model.json (or IRPE_ARTIFACT_DIR)")
+    p.add_argument("artifact_dir", nargs="?", help="directory with model.json (or IRPE_ARTIFACT_DIR), or "
+                   "'digits' for the shipped digits model")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="default 8000")
     p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"],
@@ -72,6 +73,7 @@ LIMIT_KEYS = ("insecure", "max_images", "max_decode_pixels", "max_jpeg_scans", "
 def run_serve(args: argparse.Namespace) -> int:
     """Build Settings (flags > IRPE_* > defaults), check the artifact, serve."""
     from irpe.artifact import load_artifact
+    from irpe.artifact.builtin import resolve_artifact_dir
     from irpe.server.app import serve
     from irpe.server.config import Settings
 
@@ -80,6 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "jpeg_draft", "precision", *LIMIT_KEYS]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
     settings.check_exposure()  # before anything else: an exposed server without a key never starts
+    settings.artifact_dir = str(resolve_artifact_dir(settings.artifact_dir))  # 'digits': the shipped model
     load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
     serve(settings)
     return 0
@@ -88,7 +91,10 @@ def run_serve(args: argparse.Namespace) -> int:
 def _add_classify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("classify", help="classify image files locally (no server) and print a table")
     p.add_argument("images", nargs="+")
-    p.add_argument("--model", required=True, help="artifact directory, or a checkpoint to export first")
+    p.add_argument("--model", required=True, help="artifact directory, or a checkpoint to export first "
+                   "('digits': the shipped model; a published variant name with --pretrained)")
+    p.add_argument("--pretrained", action="store_true", help="--model names a published variant: download its "
+                   "released weights (cached) and export them first")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"], default="auto")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -97,7 +103,13 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 
 def run_classify(args: argparse.Namespace) -> int:
     """Classify files with an artifact dir, or export a checkpoint to a temp dir first."""
-    model = Path(args.model)
+    if args.pretrained:
+        from irpe.commands.export import pretrained_checkpoint
+
+        args.model = pretrained_checkpoint(args.model, None)[0]
+    from irpe.artifact.builtin import resolve_artifact_dir
+
+    model = resolve_artifact_dir(args.model)
     if not model.exists():
         raise CLIError(f"--model {model}: no such file or directory")
     missing = [p for p in args.images if not Path(p).is_file()]

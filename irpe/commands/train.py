@@ -79,8 +79,12 @@ def _run_visualize(args: argparse.Namespace) -> int:
 
 
 def _add_quickstart(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("quickstart", help="train (once) + export + serve the embedded digits model")
+    p = sub.add_parser("quickstart", help="serve the shipped digits model (--retrain: train + export it anew)")
     p.add_argument("--checkpoint", help="export and serve this checkpoint instead")
+    p.add_argument("--retrain", action="store_true",
+                   help="train (once, cached) and export the digits model instead of the shipped one (training extras)")
+    p.add_argument("-o", "--output", help="also copy the artifact here (e.g. artifact/builtin/digits to update "
+                   "the shipped model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--data-dir", help="cache directory (default $IRPE_DATA_DIR or ~/.cache/irpe)")
@@ -92,6 +96,6 @@ def _run_quickstart(args: argparse.Namespace) -> int:
     from irpe.training.quickstart import quickstart
 
     artifact = quickstart(checkpoint=args.checkpoint, data_dir=args.data_dir, host=args.host,
-                          port=args.port, serve=not args.no_serve)
+                          port=args.port, serve=not args.no_serve, retrain=args.retrain, output=args.output)
     print(artifact, file=sys.stdout)
     return 0

@@ -116,7 +116,7 @@ def test_unwritable_cache_dir(tmp_path: Path) -> None:
         pytest.skip("`irpe quickstart` is not available yet")
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    out = run_irpe(["quickstart", "--no-serve"], timeout=180, IRPE_DATA_DIR=str(blocker / "cache"))
+    out = run_irpe(["quickstart", "--retrain", "--no-serve"], timeout=180, IRPE_DATA_DIR=str(blocker / "cache"))
     assert out.returncode != 0, out.stdout + out.stderr
     assert "Traceback" not in out.stderr, out.stderr
     assert str(blocker / "cache") in out.stderr and "IRPE_DATA_DIR" in out.stderr, out.stderr

@@ -32,9 +32,45 @@ def test_unwritable_cache_dir_names_the_dir_and_the_fix(tmp_path, capsys):
     bad = blocker / "cache"
     with pytest.raises(PermissionError, match="IRPE_DATA_DIR"):
         resolve_data_dir(bad)
-    assert main(["quickstart", "--data-dir", str(bad), "--no-serve"]) == 2
+    assert main(["quickstart", "--retrain", "--data-dir", str(bad), "--no-serve"]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "IRPE_DATA_DIR" in err
+
+
+def test_quickstart_serves_the_shipped_model_without_torch(tmp_path):
+    """The first README command's path: no training, no export, and torch cannot even be imported."""
+    port = free_port()
+    code = ("import sys; sys.modules['torch'] = None; from irpe.cli import main; "
+            f"raise SystemExit(main(['quickstart', '--port', '{port}']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={k: v for k, v in os.environ.items() if not k.startswith("IRPE_")}
+                            | {"IRPE_DATA_DIR": str(tmp_path / "unused")})
+    try:
+        start = time.perf_counter()
+        _wait_ready(f"http://127.0.0.1:{port}", proc, timeout=60)
+        print(f"quickstart ready in {time.perf_counter() - start:.1f}s")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            assert json.loads(r.read())["models"][0]["name"] == "deit_micro_patch4_32_ctx_product_shared_k"
+        assert not (tmp_path / "unused").exists()  # nothing trained or exported
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_retrain_reproduces_a_model_that_passes_the_family_table(tmp_path):
+    """`irpe quickstart --retrain` from nothing: the new model passes the same per-family table."""
+    from tests.artifact.test_builtin import assert_family_table
+
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "irpe", "quickstart", "--retrain", "--no-serve", "--data-dir",
+                          str(tmp_path), "-o", str(tmp_path / "shipped")], cwd=REPO, capture_output=True, text=True,
+                         timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    meta = json.loads((tmp_path / "shipped" / "model.json").read_text())
+    print(f"retrain: {time.perf_counter() - start:.0f}s, training {meta['training']}")
+    assert meta["training"]["command"] == "irpe quickstart --retrain"
+    assert_family_table(tmp_path / "shipped")
 
 
 def test_data_dir_defaults_to_env_variable(tmp_path, monkeypatch):
@@ -59,13 +95,15 @@ def test_quickstart_reuses_the_cached_checkpoint_and_artifact(digits_run, tmp_pa
     run.mkdir(parents=True)
     shutil.copy(digits_run.checkpoint, run / "checkpoint.pth")
     (run / "DONE").write_text("{}")
-    art = prepare_artifact(data_dir=tmp_path, progress=False)
+    art = prepare_artifact(data_dir=tmp_path, progress=False, retrain=True)
     assert art == run.parent / "artifact" and (art / "model.json").is_file()
     stamp = (art / "model.onnx").stat().st_mtime_ns
-    assert prepare_artifact(data_dir=tmp_path, progress=False) == art
+    assert prepare_artifact(data_dir=tmp_path, progress=False, retrain=True) == art
     assert (art / "model.onnx").stat().st_mtime_ns == stamp  # reused, not re-exported
     meta = json.loads((art / "model.json").read_text())
-    assert meta["preprocess"]["invert"] == "auto" and meta["labels"][3] == "3"
+    assert meta["preprocess"]["fit"] == "ink" and meta["labels"][3] == "3"
+    assert meta["training"]["command"] == "irpe quickstart --retrain" and meta["training"]["seed"] == 0
+    assert meta["training"]["config_hash"] == config_hash(quickstart_config())
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:

@@ -28,7 +28,7 @@ def test_short_digits_run_improves_and_saves_an_official_checkpoint(digits_run):
     assert isinstance(raw["args"], argparse.Namespace) and raw["args"].model == MICRO
     assert raw["epoch"] == SHORT_DIGITS["epochs"] - 1 and raw["class_names"] == [str(i) for i in range(10)]
     pp = Preprocess(**raw["preprocess"])
-    assert pp.grayscale and pp.invert == "auto" and pp.crop == 32 and len(pp.mean) == 3
+    assert pp.grayscale and pp.fit == "ink" and pp.crop == 32 and len(pp.mean) == 3
     model, info = load_checkpoint_with_info(digits_run.checkpoint)
     assert info.name == MICRO and info.epoch == SHORT_DIGITS["epochs"] - 1 and info.class_names == raw["class_names"]
     assert torch.equal(model.state_dict()["head.weight"], raw["model"]["head.weight"])
@@ -42,7 +42,7 @@ def test_checkpoint_exports_when_the_exporter_exists(digits_run, tmp_path):
 
     out = export.export_artifact(digits_run.checkpoint, tmp_path / "art", progress=False)
     art = load_artifact(out)
-    assert art.labels == [str(i) for i in range(10)] and art.preprocess.invert == "auto"
+    assert art.labels == [str(i) for i in range(10)] and art.preprocess.fit == "ink"
     assert art.preprocess.grayscale and art.img_size == 32
 
 
