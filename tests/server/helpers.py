@@ -45,6 +45,37 @@ def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:
     return directory
 
 
+def make_slow_artifact(directory: Path, matmuls: int = 30) -> Path:
+    """The handmade model plus a chain of ``matmuls`` 1024x1024 MatMuls that depend on the input (about
+    25 ms each on one core, whatever the batch size) and add 0 to the logits: an engine that stays busy."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    d = 1024
+    nodes = [helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
+             helper.make_node("MatMul", ["pooled", "W"], ["mm"]),
+             helper.make_node("ReduceSum", ["images"], ["s"], keepdims=0),
+             helper.make_node("Mul", ["s", "A"], ["m0"])]
+    nodes += [helper.make_node("MatMul", [f"m{k}", "A"], [f"m{k + 1}"]) for k in range(matmuls)]
+    nodes += [helper.make_node("ReduceMean", [f"m{matmuls}"], ["burn"], keepdims=0),
+              helper.make_node("Mul", ["burn", "zero"], ["nothing"]),
+              helper.make_node("Add", ["mm", "b"], ["mb"]), helper.make_node("Add", ["mb", "nothing"], ["logits"])]
+    inits = [numpy_helper.from_array(WEIGHT, "W"), numpy_helper.from_array(BIAS, "b"),
+             numpy_helper.from_array(np.full((d, d), 1.0 / d, np.float32), "A"),
+             numpy_helper.from_array(np.float32(0.0), "zero")]
+    graph = helper.make_graph(
+        nodes, "slow", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    directory.mkdir(parents=True, exist_ok=True)
+    save(model, str(directory / "model.onnx"))
+    art = ModelArtifact(name="slow", architecture={"kind": "handmade"}, img_size=CROP, num_classes=NUM_CLASSES,
+                        preprocess=Preprocess(resize=36, crop=CROP), labels=list(LABELS),
+                        onnx_sha256=file_sha256(directory / "model.onnx"))
+    save_artifact(art, directory)
+    return directory
+
+
 def make_failing_artifact(directory: Path) -> Path:
     """Like :func:`make_artifact`, but inference fails at run time (a Gather index out of range) for any
     input whose maximum exceeds 0.01, i.e. every real image, while the all-zero warm-up passes."""

@@ -13,39 +13,13 @@ import numpy as np
 import pytest
 
 from irpe.server.batching import Batcher, QueueFullError
-from tests.server.helpers import BIAS, CROP, LABELS, NUM_CLASSES, WEIGHT, encode, expected_logits, image, running_server
-
-
-def make_slow_artifact(directory: Path, matmuls: int = 30) -> Path:
-    """The handmade model plus a chain of ``matmuls`` 1024x1024 MatMuls that depend on the input (about
-    25 ms each on one core, whatever the batch size) and add 0 to the logits: an engine that stays busy."""
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    from irpe.artifact import ModelArtifact, Preprocess, save_artifact
-
-    d = 1024
-    nodes = [helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
-             helper.make_node("MatMul", ["pooled", "W"], ["mm"]),
-             helper.make_node("ReduceSum", ["images"], ["s"], keepdims=0),
-             helper.make_node("Mul", ["s", "A"], ["m0"])]
-    nodes += [helper.make_node("MatMul", [f"m{k}", "A"], [f"m{k + 1}"]) for k in range(matmuls)]
-    nodes += [helper.make_node("ReduceMean", [f"m{matmuls}"], ["burn"], keepdims=0),
-              helper.make_node("Mul", ["burn", "zero"], ["nothing"]),
-              helper.make_node("Add", ["mm", "b"], ["mb"]), helper.make_node("Add", ["mb", "nothing"], ["logits"])]
-    inits = [numpy_helper.from_array(WEIGHT, "W"), numpy_helper.from_array(BIAS, "b"),
-             numpy_helper.from_array(np.full((d, d), 1.0 / d, np.float32), "A"),
-             numpy_helper.from_array(np.float32(0.0), "zero")]
-    graph = helper.make_graph(
-        nodes, "slow", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    directory.mkdir(parents=True, exist_ok=True)
-    save(model, str(directory / "model.onnx"))
-    art = ModelArtifact(name="slow", architecture={"kind": "handmade"}, img_size=CROP, num_classes=NUM_CLASSES,
-                        preprocess=Preprocess(resize=36, crop=CROP), labels=list(LABELS))
-    save_artifact(art, directory)
-    return directory
+from tests.server.helpers import (
+    encode,
+    expected_logits,
+    image,
+    make_slow_artifact,
+    running_server,
+)
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +153,12 @@ def test_queue_full_is_503_with_retry_after(slow_artifact: Path) -> None:
         busy = threading.Thread(target=httpx.post, args=(url + "/classify",), kwargs=post)  # occupies the engine
         busy.start()
         time.sleep(0.2)  # decoded and running: the engine call takes ~0.75 s
-        waiting = [threading.Thread(target=httpx.post, args=(url + "/classify",), kwargs=post) for _ in range(2)]
+        # admission counts images from upload to answer: the running one + one queued fill --max-queue 2
+        waiting = [threading.Thread(target=httpx.post, args=(url + "/classify",), kwargs=post)]
         for t in waiting:
             t.start()
         deadline = time.monotonic() + 5
-        while "irpe_queue_depth 2.0" not in httpx.get(url + "/metrics").text and time.monotonic() < deadline:
+        while "irpe_queue_depth 1.0" not in httpx.get(url + "/metrics").text and time.monotonic() < deadline:
             time.sleep(0.02)
         r = httpx.post(url + "/classify", content=body, headers=hdr)
         for t in [busy, *waiting]:

@@ -254,8 +254,7 @@ def test_api_key_through_the_clients(tiny_artifact: Path) -> None:
 
 def test_overload_deadline_and_internal_errors_are_printable(tmp_path: Path) -> None:
     """503 (queue full), 504 (deadline) and 500 (engine failure) through tritonclient.http.aio."""
-    from tests.server.helpers import make_failing_artifact
-    from tests.server.test_batching import make_slow_artifact
+    from tests.server.helpers import make_failing_artifact, make_slow_artifact
 
     slow = make_slow_artifact(tmp_path / "slow", matmuls=60)  # each engine call ~1.5 s
     with serving(slow, "--max-batch", "1", "--max-queue", "1", "--inference-threads", "1", "--timeout-s", "0.8") as p:
