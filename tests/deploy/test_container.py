@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server.helpers import encode, free_port, image, running_server
+from tests.server.helpers import encode, free_port, image, make_slow_artifact, running_server
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/irpe-serve:cpu-test"
@@ -220,18 +220,22 @@ def test_image_healthcheck_succeeds_inside(served: Container, engine: list[str],
     assert bad.returncode != 0
 
 
-def test_sigterm_with_requests_in_flight_loses_none(engine: list[str], cpu_image: str, artifact: Path) -> None:
-    """Batches wait up to 8 s to fill, so every request is still queued when SIGTERM arrives."""
+def test_sigterm_with_requests_in_flight_loses_none(engine: list[str], cpu_image: str, tmp_path: Path) -> None:
+    """One request keeps the engine busy (~1.5 s per call) while the others wait in the queue; SIGTERM then."""
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=60)
+    for p in [slow, *slow.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
     n = 12
-    c = Container.serve(engine, cpu_image, artifact, "--max-batch", "64", "--max-wait-ms", "8000")
+    c = Container.serve(engine, cpu_image, slow, "--max-batch", "64", "--max-wait-ms", "8000",
+                        "--inference-threads", "1")
     try:
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            futures = [pool.submit(httpx.post, c.url + "/classify", files=_files(1), headers=AUTH, timeout=60)
-                       for _ in range(n)]
-            deadline = time.monotonic() + 30
-            while _queue_depth(c) < n:
+            post = {"files": _files(1), "headers": AUTH, "timeout": 120}
+            futures = [pool.submit(httpx.post, c.url + "/classify", **post) for _ in range(n)]
+            deadline = time.monotonic() + 60
+            while _queue_depth(c) < n - 1:  # the first is in the engine, the rest queued behind it
                 assert time.monotonic() < deadline, "requests never reached the queue"
-                time.sleep(0.05)
+                time.sleep(0.02)
             _run([*c.engine, "kill", "--signal", "TERM", c.name])
             results = [f.result() for f in futures]
         assert [r.status_code for r in results] == [200] * n, [r.text for r in results if r.status_code != 200]
