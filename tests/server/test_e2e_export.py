@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import httpx
@@ -16,14 +15,9 @@ NAME = "deit_tiny_patch16_224_ctx_product_50_shared_k"
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed (export extra)")
-    try:
-        from irpe.export import export_artifact
-    except ImportError as e:
-        pytest.skip(f"irpe.export.export_artifact is not available yet ({e})")
     import torch
 
+    from irpe.export import export_artifact
     from irpe.models import create_model
 
     tmp = tmp_path_factory.mktemp("e2e")

@@ -20,12 +20,6 @@ from tests.server.helpers import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _need_export():
-    export = pytest.importorskip("irpe.export", reason="irpe.export (export helper) not available yet")
-    if not hasattr(export, "export_artifact"):
-        pytest.skip("irpe.export.export_artifact is not written yet")
-
-
 def test_unwritable_cache_dir_names_the_dir_and_the_fix(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
@@ -54,7 +48,6 @@ def test_config_hash_is_stable_and_tracks_the_recipe():
 
 
 def test_quickstart_reuses_the_cached_checkpoint_and_artifact(digits_run, tmp_path):
-    _need_export()
     run = tmp_path / "quickstart" / config_hash(quickstart_config()) / "train"
     run.mkdir(parents=True)
     shutil.copy(digits_run.checkpoint, run / "checkpoint.pth")
@@ -83,8 +76,6 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:
 
 
 def test_quickstart_with_checkpoint_exports_and_serves(digits_run, tmp_path):
-    _need_export()
-    pytest.importorskip("irpe.server.app", reason="irpe.server (serve helper) not available yet")
     from PIL import Image
 
     from irpe.training.digits import digit_image, split_digits
