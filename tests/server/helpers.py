@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -92,9 +94,37 @@ def encode(img: Image.Image, fmt: str = "PNG", **kw: object) -> bytes:
 
 
 def free_port() -> int:
+    """A port that was free a moment ago (racy: another process may take it). Prefer ``--port 0`` and
+    :func:`announced_url` / :func:`url_in_log`, which read the port the server really bound."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+ANNOUNCED = re.compile(r"irpe serve: listening on (http://[0-9.]+:[0-9]+)")
+
+
+def announced_url(proc: subprocess.Popen, lines: list[str] | None = None) -> str:
+    """Read ``proc.stdout`` (text) until ``irpe serve`` announces its bound address; lines read go to ``lines``."""
+    assert proc.stdout is not None
+    for line in iter(proc.stdout.readline, ""):
+        if lines is not None:
+            lines.append(line)
+        if m := ANNOUNCED.search(line):
+            return m.group(1)
+    raise RuntimeError(f"server exited ({proc.wait(10)}) without announcing its address: {''.join(lines or [])}")
+
+
+def url_in_log(proc: subprocess.Popen, log: Path, timeout: float = 90.0) -> str:
+    """Poll ``log`` (the server's stdout/stderr file) until the 'listening on' line appears."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if m := ANNOUNCED.search(log.read_text(errors="replace")):
+            return m.group(1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+        time.sleep(0.05)
+    raise TimeoutError(f"no 'listening on' line within {timeout}s:\n{log.read_text(errors='replace')}")
 
 
 def wait_ready(url: str, timeout: float = 20.0) -> None:
@@ -117,13 +147,17 @@ def running_server(artifact_dir: Path, **settings: object) -> Iterator[str]:
     from irpe.server.app import create_app
     from irpe.server.config import Settings
 
-    port = free_port()
-    cfg = Settings.from_env(env={}, artifact_dir=str(artifact_dir), port=port, log_level="warning", **settings)
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port, log_level="warning"))
+    cfg = Settings.from_env(env={}, artifact_dir=str(artifact_dir), port=0, log_level="warning", **settings)
+    server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
     try:
+        deadline = time.monotonic() + 20
+        while not server.started:  # port 0: the OS picks a free port; read back the one really bound
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
         wait_ready(url)
         yield url
     finally:

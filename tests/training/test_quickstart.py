@@ -15,7 +15,7 @@ import torch
 
 from irpe.cli import main
 from irpe.training.quickstart import config_hash, prepare_artifact, quickstart_config, resolve_data_dir
-from tests.server.helpers import free_port
+from tests.server.helpers import announced_url
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:
     end = time.time() + timeout
     while time.time() < end:
         if proc.poll() is not None:
-            raise AssertionError(f"quickstart exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+            raise AssertionError(f"quickstart exited {proc.returncode}: {proc.stdout.read()[-2000:]}")
         try:
             with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
                 if r.status == 200:
@@ -80,13 +80,12 @@ def test_quickstart_with_checkpoint_exports_and_serves(digits_run, tmp_path):
 
     from irpe.training.digits import digit_image, split_digits
 
-    port = free_port()
     cmd = [sys.executable, "-m", "irpe", "quickstart", "--checkpoint", str(digits_run.checkpoint),
-           "--data-dir", str(tmp_path), "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+           "--data-dir", str(tmp_path), "--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, IRPE_LOG_LEVEL="warning"))
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = announced_url(proc)  # the port the server really bound
         _wait_ready(url, proc)
         buf = io.BytesIO()
         img: Image.Image = digit_image(split_digits()[1][0], dark_on_light=True).resize((96, 96))
