@@ -21,21 +21,23 @@ NUM_CLASSES = 10
 CROP = 32
 LABELS = [f"class_{i}" for i in range(NUM_CLASSES)]
 RNG = np.random.default_rng(1234)
-WEIGHT = RNG.normal(size=(3, NUM_CLASSES)).astype(np.float32) * 4
+WEIGHT = RNG.normal(size=(3, NUM_CLASSES)).astype(np.float32) * 4  # the failing model's pooled weights
 BIAS = RNG.normal(size=(NUM_CLASSES,)).astype(np.float32)
+# One weight per pixel and channel: a flip, transpose, crop offset or channel swap changes the logits.
+PIXEL_WEIGHT = (RNG.normal(size=(3 * CROP * CROP, NUM_CLASSES)) * 0.03).astype(np.float32)
 
 
-def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:
-    """images [N,3,32,32] -> ReduceMean over H,W -> MatMul -> Add -> logits [N,10], plus model.json."""
+def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:  # name kept: many tests use it
+    """images [N,3,32,32] -> Flatten -> MatMul -> Add -> logits [N,10] (position-sensitive), plus model.json."""
     from onnx import TensorProto, helper, numpy_helper, save
 
-    nodes = [helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
-             helper.make_node("MatMul", ["pooled", "W"], ["mm"]),
+    nodes = [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+             helper.make_node("MatMul", ["flat", "W"], ["mm"]),
              helper.make_node("Add", ["mm", "b"], ["logits"])]
     graph = helper.make_graph(
         nodes, "tiny", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])],
-        initializer=[numpy_helper.from_array(WEIGHT, "W"), numpy_helper.from_array(BIAS, "b")])
+        initializer=[numpy_helper.from_array(PIXEL_WEIGHT, "W"), numpy_helper.from_array(BIAS, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     directory.mkdir(parents=True, exist_ok=True)
@@ -76,7 +78,7 @@ def make_failing_artifact(directory: Path) -> Path:
 
 def expected_logits(x: np.ndarray) -> np.ndarray:
     """What the handmade model computes for preprocessed input [N,3,32,32]."""
-    return x.mean(axis=(2, 3)) @ WEIGHT + BIAS
+    return x.reshape(len(x), -1) @ PIXEL_WEIGHT + BIAS
 
 
 def image(size: tuple[int, int] = (64, 48), seed: int = 0, mode: str = "RGB") -> Image.Image:

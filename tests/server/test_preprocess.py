@@ -32,17 +32,9 @@ def test_matches_independent_numpy_reference(size: tuple[int, int]) -> None:
     assert np.abs(ours - numpy_reference(img)).max() < 1e-5
 
 
-def test_matches_torchvision_reference() -> None:
-    transforms = pytest.importorskip(
-        "torchvision.transforms",
-        reason="torchvision is not installable beside torch 2.13 here; the NumPy reference test covers it")
-    tf = transforms.Compose([transforms.Resize(256, interpolation=transforms.InterpolationMode.BICUBIC),
-                             transforms.CenterCrop(224), transforms.ToTensor(),
-                             transforms.Normalize(MEAN.tolist(), STD.tolist())])
-    for size in SIZES:
-        img = image(size, seed=sum(size))
-        ref = tf(img).numpy()
-        assert np.abs(preprocess_image(img, Preprocess()) - ref).max() < 1e-5
+# No torchvision comparison: torchvision 0.28 (the release beside torch 2.13) fails to import against the
+# 2.13.0 CPU wheel here (operator torchvision::nms does not exist), and a test that can only skip would hide
+# that. numpy_reference above restates torchvision's Resize(256, BICUBIC) + CenterCrop(224) rules independently.
 
 
 @pytest.mark.parametrize("width", [220, 221, 222])
