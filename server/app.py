@@ -134,7 +134,7 @@ def _run_workers(settings: Settings) -> None:
                             **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     sock = config.bind_socket()
     announce(sock.getsockname())
-    Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+    Multiprocess(config, sockets=[sock]).run()
 
 
 class _AnnouncingServer(uvicorn.Server):

@@ -142,26 +142,33 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def running_server(artifact_dir: Path, **settings: object) -> Iterator[str]:
-    """A real uvicorn server on 127.0.0.1 in a thread; yields its base URL."""
+def serving_app(app: object) -> Iterator[str]:
+    """A real uvicorn server for ``app`` on 127.0.0.1 in a thread; yields its base URL once bound (maybe not
+    ready yet). Port 0: the OS picks a free port and the test reads back the one really bound (no race)."""
     import uvicorn
 
-    from irpe.server.app import create_app
-    from irpe.server.config import Settings
-
-    cfg = Settings.from_env(env={}, artifact_dir=str(artifact_dir), port=0, log_level="warning", **settings)
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 20
-        while not server.started:  # port 0: the OS picks a free port; read back the one really bound
+        while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the test server did not start")
             time.sleep(0.01)
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        wait_ready(url)
-        yield url
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+@contextlib.contextmanager
+def running_server(artifact_dir: Path, **settings: object) -> Iterator[str]:
+    """A real uvicorn server on 127.0.0.1 in a thread; yields its base URL once /readyz answers 200."""
+    from irpe.server.app import create_app
+    from irpe.server.config import Settings
+
+    cfg = Settings.from_env(env={}, artifact_dir=str(artifact_dir), port=0, log_level="warning", **settings)
+    with serving_app(create_app(cfg)) as url:
+        wait_ready(url)
+        yield url
