@@ -115,3 +115,117 @@ def test_deadline_is_504(tiny_artifact: Path) -> None:
     with running_server(tiny_artifact, max_batch=8, max_wait_ms=600_000, timeout_s=0.3) as url:
         r = httpx.post(url + "/classify", content=encode(image()), headers={"content-type": "image/png"}, timeout=60)
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+
+
+def test_results_and_metrics_report_real_waits_and_durations() -> None:
+    """Found by scripts/mutate.py: a sign error in the queue-wait or inference timing went unnoticed."""
+    from irpe.server.metrics import Metrics
+
+    metrics = Metrics()
+    rec = Recorder(delay=0.02)
+    batcher = Batcher(rec, sizes=[1, 2, 4], max_wait_ms=30, max_queue=10, metrics=metrics)
+    batcher.start()
+
+    async def main() -> list:
+        return await asyncio.gather(*(batcher.submit([np.ones(2, np.float32)]) for _ in range(3)))
+
+    start = time.perf_counter()
+    results = [r for rs in asyncio.run(main()) for r in rs]
+    elapsed = time.perf_counter() - start
+    batcher.stop()
+    for r in results:  # bounds that hold on any machine: each part of a request lies within the request
+        assert 0 <= r.queue_s <= elapsed and 0.02 <= r.inference_s <= elapsed, (r, elapsed)
+        assert r.batch_size in (1, 2, 4)
+    text = metrics.render().decode()
+    assert 0 <= _metric(text, "irpe_queue_wait_seconds_sum") <= 3 * elapsed
+    assert 0.02 * len(rec.sizes) <= _metric(text, "irpe_inference_seconds_sum") <= elapsed
+    assert _metric(text, "irpe_queue_wait_seconds_count") == 3
+
+
+class Overlap:
+    """An engine function that records how many calls run at once (and can demand company)."""
+
+    def __init__(self, meet: int = 0):
+        self.active = self.most = 0
+        self.lock = threading.Lock()
+        self.barrier = threading.Barrier(meet, timeout=20) if meet else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        try:
+            if self.barrier is not None:
+                self.barrier.wait()  # only passes if another worker is inside run() at the same time
+            else:
+                time.sleep(0.02)
+            return x
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def _run_batcher(run: Overlap, workers: int, n: int) -> list:
+    batcher = Batcher(run, sizes=[1], max_wait_ms=0, max_queue=100, workers=workers)
+    batcher.start()
+
+    async def main() -> list:
+        return await asyncio.gather(*(batcher.submit([np.ones(2, np.float32)]) for _ in range(n)))
+
+    try:
+        return asyncio.run(main())
+    finally:
+        batcher.stop()
+
+
+def test_one_worker_never_runs_the_engine_concurrently() -> None:
+    """Found by scripts/mutate.py: the worker count was unchecked; one worker (the GPU default) must
+    serialise engine calls."""
+    run = Overlap()
+    assert len(_run_batcher(run, workers=1, n=8)) == 8
+    assert run.most == 1
+
+
+def test_several_workers_run_batches_side_by_side() -> None:
+    run = Overlap(meet=2)
+    assert len(_run_batcher(run, workers=2, n=4)) == 4 and run.most == 2
+
+
+def test_retry_after_follows_the_measured_time_per_image() -> None:
+    """Found by scripts/mutate.py: the per-image estimate behind Retry-After was unchecked. Batches of one
+    image take >= 0.3 s each, so 4 queued images are worth >= 1.2 s: Retry-After 2 (seconds, rounded up)."""
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def run(x: np.ndarray) -> np.ndarray:
+        calls.append(len(x))
+        if len(calls) <= 3:
+            time.sleep(0.3)  # three measured batches feed the moving average
+        else:
+            gate.wait(20)  # the fourth batch holds the only worker while the queue fills
+        return x
+
+    batcher = Batcher(run, sizes=[1], max_wait_ms=0, max_queue=4)
+    batcher.start()
+
+    async def main() -> int:
+        for _ in range(3):
+            await batcher.submit([np.ones(2, np.float32)])
+        held = asyncio.ensure_future(batcher.submit([np.ones(2, np.float32)]))
+        while len(calls) < 4:  # the worker is inside the gated batch
+            await asyncio.sleep(0.01)
+        waiting = [asyncio.ensure_future(batcher.submit([np.ones(2, np.float32)])) for _ in range(4)]
+        await asyncio.sleep(0)
+        try:
+            with pytest.raises(QueueFullError) as info:
+                await batcher.submit([np.ones(2, np.float32)])
+        finally:
+            gate.set()
+        await asyncio.gather(held, *waiting)
+        return info.value.retry_after
+
+    try:
+        assert asyncio.run(main()) >= 2
+    finally:
+        gate.set()
+        batcher.stop()
