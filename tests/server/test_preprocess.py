@@ -67,3 +67,24 @@ def test_auto_invert_flips_dark_on_light() -> None:
     pp = Preprocess(resize=64, crop=64, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), invert="auto")
     out = preprocess_image(img, pp)
     assert out[0, 0, 0] == -1.0 and out[0, 32, 32] == 1.0  # background dark, stroke bright
+
+
+@pytest.mark.parametrize("height", [220, 221, 222])
+def test_center_crop_pads_top_like_torchvision(height: int) -> None:
+    """Found by scripts/mutate.py: only the horizontal padding was checked."""
+    img = Image.new("RGB", (224, height), (255, 255, 255))
+    arr = np.asarray(center_crop(img, 224))
+    rows = np.where(arr[:, 0, 0] == 255)[0]
+    assert rows[0] == (224 - height) // 2 and rows[-1] == (224 - height) // 2 + height - 1
+
+
+def test_auto_invert_judges_the_centre_half_not_the_edges() -> None:
+    """Found by scripts/mutate.py: a dark centre on a grey border inverts even with bright bands near the
+    edge (they lie outside the centre half the rule looks at)."""
+    arr = np.full((64, 64, 3), 128, np.uint8)
+    arr[16:48, 16:48] = 0
+    arr[48:63, 16:63] = 255
+    arr[16:63, 48:63] = 255
+    pp = Preprocess(resize=64, crop=64, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), invert="auto")
+    out = preprocess_image(Image.fromarray(arr), pp)
+    assert out[0, 32, 32] == 1.0 and out[0, 55, 55] == -1.0  # inverted: dark centre -> bright
