@@ -25,7 +25,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("e2e")
     model = random_model(NAME, img_size=64, rpe_std=RPE_STD, num_classes=10)
     tables = [p for k, p in model.named_parameters() if "lookup_table" in k]
-    assert len(tables) == 3 * 12 and all(float(t.abs().min()) > 0 for t in tables)  # q, k, v in 12 blocks
+    assert len(tables) == 3 * 12 and all(float(t.detach().abs().min()) > 0 for t in tables)  # q, k, v in 12 blocks
     ckpt = tmp / "model.pth"
     torch.save(model.state_dict(), ckpt)
     out = export_artifact(ckpt, tmp / "artifact", name=NAME, overrides={"img_size": 64, "num_classes": 10},
