@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
@@ -104,8 +105,6 @@ def serve(settings: Settings) -> None:
     """Run uvicorn until SIGINT/SIGTERM (graceful: in-flight requests finish, the batcher drains)."""
     import os
 
-    import uvicorn
-
     try:
         settings.check_exposure()
     except ValueError as e:
@@ -113,8 +112,7 @@ def serve(settings: Settings) -> None:
     configure_logging(settings)
     if settings.workers > 1:
         os.environ.update(settings.to_env())
-        uvicorn.run("irpe.server.app:create_app_from_env", factory=True, workers=settings.workers,
-                    **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+        _run_workers(settings)
         return
     app = create_app(settings)
     try:  # before uvicorn, so a bad model is one line naming the fix, not a lifespan traceback
@@ -122,7 +120,34 @@ def serve(settings: Settings) -> None:
     except (ArtifactError, EngineError) as e:
         raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    server = uvicorn.Server(config)
+    server = _AnnouncingServer(config)
     server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+def announce(sock_name: tuple) -> None:
+    """One stderr line with the bound address, whatever the log level (``--port 0`` picks a free port)."""
+    import sys
+
+    print(f"irpe serve: listening on http://{sock_name[0]}:{sock_name[1]}", file=sys.stderr, flush=True)
+
+
+def _run_workers(settings: Settings) -> None:
+    """``uvicorn.run(..., workers=N)``, binding the socket here so the bound port can be announced."""
+    from uvicorn.supervisors import Multiprocess
+
+    config = uvicorn.Config("irpe.server.app:create_app_from_env", factory=True, workers=settings.workers,
+                            **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    sock = config.bind_socket()
+    announce(sock.getsockname())
+    Multiprocess(config, sockets=[sock]).run()
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """uvicorn.Server that announces the bound address once started."""
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.servers:
+            announce(self.servers[0].sockets[0].getsockname())

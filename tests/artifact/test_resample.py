@@ -14,12 +14,45 @@ needs_kernels = pytest.mark.skipif(not resample.available(),
 
 FIXED = [(512, 512), (640, 480), (480, 640), (500, 375), (257, 300), (256, 256), (256, 400), (1024, 768),
          (225, 1000), (447, 1261), (999, 301), (100, 900), (900, 100), (224, 224), (300, 224), (2000, 1500)]
-RANDOM = [tuple(int(v) for v in np.random.default_rng(7).integers(24, 1400, 2)) for _ in range(40)]
+_RNG = np.random.default_rng(7)  # one generator: 40 different geometries
+RANDOM = [tuple(int(v) for v in _RNG.integers(24, 1400, 2)) for _ in range(40)]
 GEOMETRIES = [(256, 224), (232, 224), (224, 224), (36, 32)]
+FILTERS = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
+
+
+def reference_size(width: int, height: int, size: int) -> tuple[int, int]:
+    """torchvision's Resize(int) rule, restated here (not via resample.resized_size): the shorter side
+    becomes ``size``, the longer ``int(size * long / short)``; an image already that size is kept."""
+    short, long = min(width, height), max(width, height)
+    if short == size:
+        return width, height
+    new_long = int(size * long / short)
+    return (size, new_long) if width <= height else (new_long, size)
 
 
 def pillow(img: Image.Image, size: int, crop: int, interpolation: str) -> np.ndarray:
-    return np.asarray(center_crop(resize_shorter(img, size, interpolation), crop))
+    """Pillow's resize to the reference size, then torchvision's centre-crop rounding (crop <= image)."""
+    w, h = reference_size(*img.size, size)
+    resized = img if (w, h) == img.size else img.resize((w, h), FILTERS[interpolation])
+    top, left = int(round((h - crop) / 2.0)), int(round((w - crop) / 2.0))
+    return np.asarray(resized)[top:top + crop, left:left + crop]
+
+
+def test_random_geometries_are_distinct():
+    assert len(set(RANDOM)) == len(RANDOM) == 40
+
+
+@pytest.mark.parametrize("size", FIXED + RANDOM)
+@pytest.mark.parametrize("target", [256, 232, 224, 36])
+def test_resized_size_matches_the_reference_rule(size: tuple[int, int], target: int) -> None:
+    assert resample.resized_size(*size, target) == reference_size(*size, target)
+    img = Image.new("RGB", size)
+    assert resize_shorter(img, target, "bilinear").size == reference_size(*size, target)
+
+
+def test_reference_crop_equals_the_library_crop() -> None:
+    img = noise((301, 260), seed=11)
+    np.testing.assert_array_equal(np.asarray(center_crop(img, 224)), np.asarray(img)[18:242, 38:262])
 
 
 def noise(size: tuple[int, int], seed: int) -> Image.Image:
@@ -72,9 +105,11 @@ def test_unsupported_inputs_fall_back_to_pillow() -> None:
     np.testing.assert_array_equal(crop_uint8(img, pp), pillow(img, 256, 224, "nearest"))
 
 
+@needs_kernels
 def test_accelerated_and_reference_preprocessing_agree() -> None:
     img = noise((640, 427), seed=3)
     pp = Preprocess()
+    assert resample.resize_crop(img, pp.resize, pp.crop, pp.interpolation) is not None  # the fast path ran
     np.testing.assert_array_equal(preprocess_image(img, pp), preprocess_image(img, pp, accelerated=False))
 
 
@@ -96,13 +131,14 @@ def test_coefficients_sum_to_one_in_fixed_point() -> None:
     assert np.all(bounds[:, 0] >= 0) and np.all(bounds.sum(axis=1) <= 1000)
 
 
+@needs_kernels
 def test_unverified_pillow_keeps_pillow_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under another Pillow release, shapes whose pass order depends on the release go to Pillow."""
     monkeypatch.setattr(resample, "_ORDER_VERIFIED", False)
     tall = noise((447, 1261), seed=4)  # vertical first under Pillow 13
     assert resample.resize_crop(tall, 256, 224, "bicubic") is None
     square = noise((512, 512), seed=5)  # horizontal first under every release
-    assert resample.resize_crop(square, 256, 224, "bicubic") is not None or not resample.available()
+    assert resample.resize_crop(square, 256, 224, "bicubic") is not None
 
 
 @needs_kernels

@@ -38,3 +38,19 @@ def test_skip_tokens_get_the_extra_bucket_and_tables_are_read_only():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown bucket method"):
         bucket_ids("polar", 1.9, 4, 4)
+
+
+def test_defaults_mean_no_skip_token():
+    """Found by scripts/mutate.py: the skip=0 defaults were never exercised."""
+    assert num_buckets("product", 1.9) == 49 and num_buckets("euc", 2.0) == 9
+    assert bucket_ids("euc", 2.0, 3, 4).shape == (12, 12)
+
+
+def test_cross_sums_a_rows_and_a_cols_table_and_others_one():
+    """Found by scripts/mutate.py: which tables a method sums was only checked through whole models."""
+    from irpe.models.buckets import table_methods
+
+    assert table_methods("cross") == ("cross_rows", "cross_cols")
+    assert [table_methods(m) for m in ("euc", "quant", "product")] == [("euc",), ("quant",), ("product",)]
+    with pytest.raises(ValueError, match="unknown rpe_method 'cross_rows'"):
+        table_methods("cross_rows")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.server.helpers import free_port
+from tests.server.helpers import url_in_log
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,13 +62,17 @@ def serve_command(artifact: Path, port: int, *flags: str) -> list[str]:
 def start_server(artifact: Path, *flags: str, timeout: float = 90.0,
                  env: dict[str, str] | None = None) -> ServerProcess:
     """Start ``irpe serve`` and wait until /readyz answers 200 (killed if it does not)."""
-    port = free_port()
     log = Path(tempfile.mkstemp(prefix="irpe-serve-", suffix=".log")[1])
     with open(log, "wb") as out:
-        proc = subprocess.Popen(serve_command(artifact, port, *flags), cwd=REPO, stdout=out,
+        proc = subprocess.Popen(serve_command(artifact, 0, *flags), cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, env=env or server_env())
-    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log)
     deadline = time.monotonic() + timeout
+    try:
+        url = url_in_log(proc, log, timeout)
+    except TimeoutError:
+        ServerProcess(proc, "", log).stop(5)
+        raise
+    server = ServerProcess(proc, url, log)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"irpe serve exited with {proc.returncode}:\n{server.output()}")

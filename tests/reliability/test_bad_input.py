@@ -185,8 +185,11 @@ def check_error_shape(r: httpx.Response) -> str:
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    """The battery's client; at teardown (after whichever tests of this module ran, in any order) the server
+    must still answer correctly and have logged no exception."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
+        check_still_answers_correctly(c, server)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -218,8 +221,8 @@ def reference_top1(png: bytes) -> str:
     return LABELS[int(np.argmax(expected_logits(x[None])[0]))]
 
 
-def test_server_still_answers_correctly_after_the_battery(client: httpx.Client, server: ServerProcess) -> None:
-    """Run last in the module: a normal request succeeds, and no request made the server log an exception."""
+def check_still_answers_correctly(client: httpx.Client, server: ServerProcess) -> None:
+    """A normal request succeeds with the right label, and no request made the server log an exception."""
     for seed in range(3):
         png = encode(image(seed=seed))
         r = client.post("/classify", content=png, headers={"content-type": "image/png"})

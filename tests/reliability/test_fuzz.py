@@ -102,8 +102,10 @@ def test_decoder_accepts_every_valid_format_and_mode(fmt: str, mode: str, w: int
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    """The fuzzers' client; at teardown (whatever ran, in any order) the server must still be healthy."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
+        check_still_healthy(c, server)
 
 
 GOOD = encode(image((40, 30)))
@@ -150,7 +152,8 @@ def test_raw_body_fuzz(client: httpx.Client, data: bytes, ctype: str) -> None:
         assert set(r.json()) == {"error"}
 
 
-def test_fuzzed_server_still_healthy(client: httpx.Client, server: ServerProcess) -> None:
+def check_still_healthy(client: httpx.Client, server: ServerProcess) -> None:
+    assert server.proc.poll() is None, "the server died during the fuzzing"
     r = client.post("/classify", files={"file": ("a.png", io.BytesIO(GOOD), "image/png")})
     assert r.status_code == 200
     log = server.output()

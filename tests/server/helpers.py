@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,21 +21,23 @@ NUM_CLASSES = 10
 CROP = 32
 LABELS = [f"class_{i}" for i in range(NUM_CLASSES)]
 RNG = np.random.default_rng(1234)
-WEIGHT = RNG.normal(size=(3, NUM_CLASSES)).astype(np.float32) * 4
+WEIGHT = RNG.normal(size=(3, NUM_CLASSES)).astype(np.float32) * 4  # the failing model's pooled weights
 BIAS = RNG.normal(size=(NUM_CLASSES,)).astype(np.float32)
+# One weight per pixel and channel: a flip, transpose, crop offset or channel swap changes the logits.
+PIXEL_WEIGHT = (RNG.normal(size=(3 * CROP * CROP, NUM_CLASSES)) * 0.03).astype(np.float32)
 
 
-def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:
-    """images [N,3,32,32] -> ReduceMean over H,W -> MatMul -> Add -> logits [N,10], plus model.json."""
+def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:  # name kept: many tests use it
+    """images [N,3,32,32] -> Flatten -> MatMul -> Add -> logits [N,10] (position-sensitive), plus model.json."""
     from onnx import TensorProto, helper, numpy_helper, save
 
-    nodes = [helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
-             helper.make_node("MatMul", ["pooled", "W"], ["mm"]),
+    nodes = [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+             helper.make_node("MatMul", ["flat", "W"], ["mm"]),
              helper.make_node("Add", ["mm", "b"], ["logits"])]
     graph = helper.make_graph(
         nodes, "tiny", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])],
-        initializer=[numpy_helper.from_array(WEIGHT, "W"), numpy_helper.from_array(BIAS, "b")])
+        initializer=[numpy_helper.from_array(PIXEL_WEIGHT, "W"), numpy_helper.from_array(BIAS, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     directory.mkdir(parents=True, exist_ok=True)
@@ -106,7 +110,7 @@ def make_failing_artifact(directory: Path) -> Path:
 
 def expected_logits(x: np.ndarray) -> np.ndarray:
     """What the handmade model computes for preprocessed input [N,3,32,32]."""
-    return x.mean(axis=(2, 3)) @ WEIGHT + BIAS
+    return x.reshape(len(x), -1) @ PIXEL_WEIGHT + BIAS
 
 
 def image(size: tuple[int, int] = (64, 48), seed: int = 0, mode: str = "RGB") -> Image.Image:
@@ -124,9 +128,37 @@ def encode(img: Image.Image, fmt: str = "PNG", **kw: object) -> bytes:
 
 
 def free_port() -> int:
+    """A port that was free a moment ago (racy: another process may take it). Prefer ``--port 0`` and
+    :func:`announced_url` / :func:`url_in_log`, which read the port the server really bound."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+ANNOUNCED = re.compile(r"irpe serve: listening on (http://[0-9.]+:[0-9]+)")
+
+
+def announced_url(proc: subprocess.Popen, lines: list[str] | None = None) -> str:
+    """Read ``proc.stdout`` (text) until ``irpe serve`` announces its bound address; lines read go to ``lines``."""
+    assert proc.stdout is not None
+    for line in iter(proc.stdout.readline, ""):
+        if lines is not None:
+            lines.append(line)
+        if m := ANNOUNCED.search(line):
+            return m.group(1)
+    raise RuntimeError(f"server exited ({proc.wait(10)}) without announcing its address: {''.join(lines or [])}")
+
+
+def url_in_log(proc: subprocess.Popen, log: Path, timeout: float = 90.0) -> str:
+    """Poll ``log`` (the server's stdout/stderr file) until the 'listening on' line appears."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if m := ANNOUNCED.search(log.read_text(errors="replace")):
+            return m.group(1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+        time.sleep(0.05)
+    raise TimeoutError(f"no 'listening on' line within {timeout}s:\n{log.read_text(errors='replace')}")
 
 
 def wait_ready(url: str, timeout: float = 20.0) -> None:
@@ -142,22 +174,33 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def running_server(artifact_dir: Path, **settings: object) -> Iterator[str]:
-    """A real uvicorn server on 127.0.0.1 in a thread; yields its base URL."""
+def serving_app(app: object) -> Iterator[str]:
+    """A real uvicorn server for ``app`` on 127.0.0.1 in a thread; yields its base URL once bound (maybe not
+    ready yet). Port 0: the OS picks a free port and the test reads back the one really bound (no race)."""
     import uvicorn
 
-    from irpe.server.app import create_app
-    from irpe.server.config import Settings
-
-    port = free_port()
-    cfg = Settings.from_env(env={}, artifact_dir=str(artifact_dir), port=port, log_level="warning", **settings)
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url)
-        yield url
+        deadline = time.monotonic() + 20
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+@contextlib.contextmanager
+def running_server(artifact_dir: Path, **settings: object) -> Iterator[str]:
+    """A real uvicorn server on 127.0.0.1 in a thread; yields its base URL once /readyz answers 200."""
+    from irpe.server.app import create_app
+    from irpe.server.config import Settings
+
+    cfg = Settings.from_env(env={}, artifact_dir=str(artifact_dir), port=0, log_level="warning", **settings)
+    with serving_app(create_app(cfg)) as url:
+        wait_ready(url)
+        yield url

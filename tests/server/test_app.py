@@ -50,6 +50,26 @@ def test_classify_raw_body_and_top_k(server_url: str) -> None:
     _check(r.json()["predictions"][0], _expected(2), 3)
 
 
+@pytest.mark.parametrize("change", ["flip_lr", "flip_tb", "transpose", "bgr", "shift"])
+def test_served_model_sees_flips_transposes_channels_and_offsets(server_url: str, change: str) -> None:
+    """The handmade model weighs every pixel: a server that flipped, transposed, swapped channels or cropped
+    off-centre would return other probabilities than the reference computes for the image sent."""
+    from PIL import Image
+
+    img = image((64, 64), seed=21)
+    variants = {"flip_lr": img.transpose(Image.FLIP_LEFT_RIGHT), "flip_tb": img.transpose(Image.FLIP_TOP_BOTTOM),
+                "transpose": img.transpose(Image.TRANSPOSE), "bgr": Image.merge("RGB", img.split()[::-1]),
+                "shift": img.crop((4, 0, 68, 64))}
+    other = variants[change]
+    probs = [_softmax(expected_logits(preprocess_image(i, PP)[None])[0].astype(np.float64)) for i in (img, other)]
+    assert np.abs(probs[0] - probs[1]).max() > 0.02  # the change is visible to this model
+    files = [("file", (f"{k}.png", encode(i), "image/png")) for k, i in enumerate((img, other))]
+    r = httpx.post(server_url + "/classify?top_k=10", files=files)
+    assert r.status_code == 200
+    for preds, want in zip(r.json()["predictions"], probs, strict=True):
+        _check(preds, want, 10)
+
+
 def test_classify_several_files(server_url: str) -> None:
     files = [("file", (f"{i}.png", encode(image(seed=10 + i)), "image/png")) for i in range(3)]
     r = httpx.post(server_url + "/classify?top_k=10", files=files)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,18 +30,17 @@ def test_ort_engine_runs_and_reports_providers(tiny_artifact: Path) -> None:
     assert warm_up(engine, art) >= 0
 
 
-def test_tensorrt_backend_without_package_is_a_clear_error(tiny_artifact: Path) -> None:
-    if importlib.util.find_spec("tensorrt"):
-        pytest.skip("tensorrt is installed here")
-    art = load_artifact(tiny_artifact)
-    (tiny_artifact / "model.plan").write_bytes(b"plan")
-    try:
-        with pytest.raises(EngineError, match="pip install tensorrt"):
-            load_engine(tiny_artifact, art, backend="tensorrt", device="cuda")
-    finally:
-        (tiny_artifact / "model.plan").unlink()
+def test_tensorrt_backend_without_package_is_a_clear_error(tiny_artifact: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` fails even where it is installed
+    own = tmp_path / "a"  # a copy: the session-wide artifact stays untouched
+    shutil.copytree(tiny_artifact, own)
+    art = load_artifact(own)
+    (own / "model.plan").write_bytes(b"plan")
+    with pytest.raises(EngineError, match="pip install tensorrt"):
+        load_engine(own, art, backend="tensorrt", device="cuda")
     with pytest.raises(EngineError, match="--device cuda"):
-        load_engine(tiny_artifact, art, backend="tensorrt", device="cpu")
+        load_engine(own, art, backend="tensorrt", device="cpu")
 
 
 def test_plugin_graph_is_refused_with_the_fix(tiny_artifact: Path, tmp_path: Path) -> None:

@@ -14,29 +14,43 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.helpers import encode, free_port, image, wait_ready
+from tests.server.helpers import announced_url, encode, image, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "irpe.models", "irpe.export", "irpe.plugins", "irpe.training")
 
 
-def _serve(artifact: Path, port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "irpe.cli", "serve", str(artifact), "--port", str(port),
+def _serve(artifact: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "irpe.cli", "serve", str(artifact), "--port", "0",
                              "--log-level", "info", *extra], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
+def wait_for(condition, timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll ``condition()`` until true (instead of sleeping a guessed time)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s")
+        time.sleep(0.02)
+
+
+def queue_depth(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("irpe_queue_depth ")))
+
+
 def test_server_process_never_imports_torch_and_drains_on_sigterm(tiny_artifact: Path) -> None:
-    port = free_port()
-    proc = _serve(tiny_artifact, port, "--max-batch", "8", "--max-wait-ms", "1500")
+    proc = _serve(tiny_artifact, "--max-batch", "8", "--max-wait-ms", "3000")
+    lines: list[str] = []
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = announced_url(proc, lines)  # port 0: the address the server really bound
         wait_ready(url, timeout=30)
         result: dict[str, httpx.Response] = {}
         t = threading.Thread(target=lambda: result.setdefault("r", httpx.post(
             url + "/classify", content=encode(image()), headers={"content-type": "image/png"}, timeout=20)))
         t.start()
-        time.sleep(0.4)  # the request now waits in the batcher (max-wait 1.5 s)
+        wait_for(lambda: queue_depth(url) == 1, what="the request waiting in the batcher")
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in maps and "onnxruntime" in maps
         proc.send_signal(signal.SIGTERM)
@@ -45,7 +59,7 @@ def test_server_process_never_imports_torch_and_drains_on_sigterm(tiny_artifact:
     finally:
         if proc.poll() is None:
             proc.kill()
-    output = proc.stdout.read() if proc.stdout else ""
+    output = "".join(lines) + (proc.stdout.read() if proc.stdout else "")
     assert result["r"].status_code == 200 and len(result["r"].json()["predictions"][0]) == 5
     assert code in (0, -signal.SIGTERM), output  # uvicorn re-raises the signal after a clean shutdown
     assert "Application shutdown complete" in output
@@ -74,7 +88,7 @@ def test_gpu_request_without_gpu_fails_startup(tiny_artifact: Path) -> None:
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("a CUDA-enabled onnxruntime is installed; the fallback check needs a CPU-only build")
-    proc = _serve(tiny_artifact, free_port(), "--device", "cuda")
+    proc = _serve(tiny_artifact, "--device", "cuda")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "CUDAExecutionProvider" in out
 

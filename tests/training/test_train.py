@@ -34,10 +34,8 @@ def test_short_digits_run_improves_and_saves_an_official_checkpoint(digits_run):
     assert torch.equal(model.state_dict()["head.weight"], raw["model"]["head.weight"])
 
 
-def test_checkpoint_exports_when_the_exporter_exists(digits_run, tmp_path):
-    export = pytest.importorskip("irpe.export", reason="irpe.export (export helper) not available yet")
-    if not hasattr(export, "export_artifact"):
-        pytest.skip("irpe.export.export_artifact is not written yet")
+def test_checkpoint_exports(digits_run, tmp_path):
+    from irpe import export
     from irpe.artifact.schema import load_artifact
 
     out = export.export_artifact(digits_run.checkpoint, tmp_path / "art", progress=False)
