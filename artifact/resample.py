@@ -11,8 +11,9 @@ caller uses Pillow itself.
 
 from __future__ import annotations
 
-import functools
+import collections
 import platform
+import threading
 
 import numpy as np
 import PIL
@@ -48,31 +49,81 @@ def _kernel(x: np.ndarray, interpolation: str) -> np.ndarray:
     return np.where(ax < 1.0, near, np.where(ax < 2.0, far, 0.0))
 
 
-@functools.lru_cache(maxsize=256)
-def coefficients(in_size: int, out_size: int, interpolation: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(bounds (out, 2) int32 [first, count], weights (out, taps) int32)`` of resizing ``in_size`` to
-    ``out_size`` over the whole axis, as Pillow computes them."""
+CACHE_BYTES = 16 << 20  # coefficient windows kept for reuse (LRU, bounded by bytes, not entries)
+
+
+class _WindowCache:
+    """LRU of coefficient windows bounded by their total size: distinct image sizes from a client
+    (256 tall strips, say) can no longer pin memory for the life of the process."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: collections.OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple, value: tuple[np.ndarray, np.ndarray]) -> None:
+        size = value[0].nbytes + value[1].nbytes
+        if size > self.max_bytes // 4:
+            return
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = value
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (b, w) = self._items.popitem(last=False)
+                self.bytes -= b.nbytes + w.nbytes
+
+
+_CACHE = _WindowCache(CACHE_BYTES)
+
+
+def coefficients(in_size: int, out_size: int, interpolation: str, start: int = 0,
+                 count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(bounds (count, 2) int32 [first, count], weights (count, taps) int32)`` of outputs
+    ``start .. start + count`` (default: the whole axis) of resizing ``in_size`` to ``out_size``, as Pillow
+    computes them (each output row's arithmetic is independent of the others, so a window is exact)."""
+    count = out_size - start if count is None else count
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
     support = _SUPPORT[interpolation] * filterscale
     ksize = int(np.ceil(support)) * 2 + 1
-    center = (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    center = (np.arange(start, start + count, dtype=np.float64) + 0.5) * scale
     first = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
-    count = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size) - first
+    taken = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size) - first
     taps = np.arange(ksize)
     pos = (first[:, None] + taps[None, :]).astype(np.float64)
     w = _kernel(((pos - center[:, None]) + 0.5) * (1.0 / filterscale), interpolation)
-    w = np.where(taps[None, :] < count[:, None], w, 0.0)
-    total = np.zeros(out_size)
+    w = np.where(taps[None, :] < taken[:, None], w, 0.0)
+    total = np.zeros(count)
     for t in range(ksize):  # left to right, as the C loop adds them
         total = total + w[:, t]
     w = np.where(total[:, None] != 0.0, w / np.where(total == 0.0, 1.0, total)[:, None], w)
     scaled = w * float(1 << FRACTION_BITS)
     fixed = np.trunc(np.where(w < 0, scaled - 0.5, scaled + 0.5)).astype(np.int32)
-    bounds = np.stack([first, count], axis=1).astype(np.int32)
+    bounds = np.stack([first, taken], axis=1).astype(np.int32)
     bounds.setflags(write=False)
     fixed.setflags(write=False)
     return bounds, fixed
+
+
+def cached_window(in_size: int, out_size: int, interpolation: str, start: int,
+                  count: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`coefficients` of one window, through the byte-bounded LRU cache."""
+    key = (in_size, out_size, interpolation, start, count)
+    hit = _CACHE.get(key)
+    if hit is None:
+        hit = coefficients(in_size, out_size, interpolation, start, count)
+        _CACHE.put(key, hit)
+    return hit
 
 
 def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
@@ -108,8 +159,7 @@ def _window(size: int, new_size: int, offset: int, crop: int, interpolation: str
             ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Coefficients of the ``crop`` outputs from ``offset``, their bounds shifted to the source span
     ``[first, last)`` they read, and that span."""
-    bounds, weights = coefficients(size, new_size, interpolation)
-    bounds, weights = bounds[offset:offset + crop], weights[offset:offset + crop]
+    bounds, weights = cached_window(size, new_size, interpolation, offset, crop)
     first, last = int(bounds[0, 0]), int(bounds[-1, 0] + bounds[-1, 1])
     shifted = bounds.copy()
     shifted[:, 0] -= first
@@ -133,12 +183,29 @@ def resize_crop(img: Image.Image, size: int, crop: int, interpolation: str) -> n
     v_first = bool(rows and cols and vertical_first(w, h, nw, nh))
     if v_first and not _ORDER_VERIFIED:
         return None
-    band = np.asarray(img.crop((c0, r0, c1, r1)) if (c0, r0, c1, r1) != (0, 0, w, h) else img)
-    if v_first:
-        return _horizontal(_convolve(band, rows[0], rows[1]), cols)
-    if cols:
-        band = _horizontal(band, cols)
+    if v_first:  # the first pass runs on strips of columns, so no full-size copy of a big image is made
+        strips = [_convolve(_region(img, (a, r0, b, r1)), rows[0], rows[1])
+                  for a, b in _spans(c0, c1, r1 - r0)]
+        return _horizontal(np.concatenate(strips, axis=1), cols)
+    if cols:  # likewise on strips of rows
+        band = np.concatenate([_horizontal(_region(img, (c0, a, c1, b)), cols)
+                               for a, b in _spans(r0, r1, c1 - c0)], axis=0)
+    else:
+        band = _region(img, (c0, r0, c1, r1))
     return _convolve(band, rows[0], rows[1]) if rows else band
+
+
+def _region(img: Image.Image, box: tuple[int, int, int, int]) -> np.ndarray:
+    return np.asarray(img if box == (0, 0, *img.size) else img.crop(box))
+
+
+STRIP_PIXELS = 1 << 20  # pixels per strip of the first pass (~3 MB of RGB)
+
+
+def _spans(start: int, stop: int, across: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into spans of about STRIP_PIXELS / ``across`` lines each."""
+    step = max(1, STRIP_PIXELS // max(1, across))
+    return [(a, min(a + step, stop)) for a in range(start, stop, step)]
 
 
 def _horizontal(band: np.ndarray, cols: tuple[np.ndarray, np.ndarray, int, int]) -> np.ndarray:

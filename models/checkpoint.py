@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import pickle
+import re
 import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -130,6 +131,25 @@ def _check_keys(model: nn.Module, sd: dict[str, torch.Tensor], path: Path, name:
                               + ". Pass the right --model/overrides, or omit --model to infer it")
 
 
+MAX_DEPTH = 1000
+_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
+
+
+def check_block_indices(sd: dict[str, torch.Tensor], path: Path, depth: int | None = None) -> None:
+    """Refuse block indices that are not 0..n-1 (n <= MAX_DEPTH, and n == ``depth`` when given) before
+    any model is built: a key like ``blocks.99999999.x`` would otherwise build 100 million blocks."""
+    found = {int(m.group(1)) for k in sd if (m := _BLOCK.search(k))}
+    if not found:
+        return
+    n = max(found) + 1
+    if n > MAX_DEPTH or len(found) != n or (depth is not None and n != depth):
+        gaps = sorted(set(range(min(n, MAX_DEPTH))) - found)[:5]
+        want = f"the model's {depth}" if depth is not None else f"0..n-1 with n <= {MAX_DEPTH}"
+        raise CheckpointError(f"{path}: block indices go up to {n - 1} over {len(found)} distinct block(s)"
+                              f"{f' (missing {gaps})' if gaps else ''}; expected {want}. The checkpoint is "
+                              "corrupt or not an iRPE/DeiT state dict")
+
+
 def load_checkpoint_with_info(path: str | Path, name: str | None = None,
                               **overrides: Any) -> tuple[nn.Module, CheckpointInfo]:
     """Build the model a checkpoint describes, load its weights strictly, return it in eval mode."""
@@ -139,6 +159,7 @@ def load_checkpoint_with_info(path: str | Path, name: str | None = None,
     stored = _stored_name(ckpt)
     if stored is not None and name in (None, stored):  # the run's recorded overrides; explicit ones win
         name, overrides = stored, {**_stored_overrides(ckpt), **overrides}
+    check_block_indices(sd, path)
     if name is not None:
         cfg = get_config(name, **overrides)
     else:

@@ -25,6 +25,7 @@ from .config import Settings
 from .engine import EngineError
 from .errors import drop_default_validation_error, install_error_handlers
 from .middleware import ObserveMiddleware
+from .protocol import protocol_factory
 from .state import ServerState
 
 log = logging.getLogger("irpe.server")
@@ -94,7 +95,7 @@ def uvicorn_config_kwargs(settings: Settings) -> dict[str, object]:
     """Options shared by the single-process and multi-worker paths."""
     return {"host": settings.host, "port": settings.port, "log_level": settings.log_level,
             "access_log": settings.log_level == "debug",
-            "timeout_graceful_shutdown": int(settings.timeout_s) + 5}
+            "timeout_graceful_shutdown": int(settings.timeout_s) + 5, "http": protocol_factory(settings)}
 
 
 def serve(settings: Settings) -> None:
@@ -103,6 +104,10 @@ def serve(settings: Settings) -> None:
 
     import uvicorn
 
+    try:
+        settings.check_exposure()
+    except ValueError as e:
+        raise SystemExit(f"irpe serve: error: {e}") from None
     configure_logging(settings)
     if settings.workers > 1:
         os.environ.update(settings.to_env())

@@ -75,7 +75,8 @@ async def _read_multipart(request: Request, limit: int, max_files: int) -> list[
         form = await parser.parse()
     except MultiPartException as e:
         if "too many files" in e.message.lower():
-            raise APIError(413, "too_many_files", f"more than {max_files} files in one request") from None
+            raise APIError(413, "too_many_files",
+                           f"more than {max_files} files in one request (--max-images)") from None
         raise APIError(400, "invalid_multipart", f"malformed multipart body ({e.message})") from None
     try:
         files = [f for f in form.getlist(FILE_FIELD) if isinstance(f, UploadFile)]
@@ -83,7 +84,8 @@ async def _read_multipart(request: Request, limit: int, max_files: int) -> list[
             raise APIError(400, "missing_file", f"multipart body has no file field {FILE_FIELD!r} "
                            f"(fields: {sorted(form.keys())})")
         if len(files) > max_files:
-            raise APIError(413, "too_many_files", f"{len(files)} files in one request; the limit is {max_files}")
+            raise APIError(413, "too_many_files",
+                           f"{len(files)} files in one request; the limit is {max_files} (--max-images)")
         return [await f.read() for f in files]
     finally:
         await form.close()

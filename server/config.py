@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
@@ -33,6 +36,15 @@ class Settings:
     api_key: str = ""
     log_level: str = "info"
     jpeg_draft: bool = False
+    insecure: bool = False
+    max_images: int = 32
+    max_decode_pixels: int = 0
+    max_jpeg_scans: int = 100
+    max_header_kb: int = 64
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 256
+    allowed_hosts: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -59,10 +71,39 @@ class Settings:
                   "decode_threads": self.decode_threads >= 0, "threads": self.threads >= 0,
                   "inference_threads": self.inference_threads >= 0,
                   "max_body_mb": self.max_body_mb > 0, "max_pixels": self.max_pixels > 0,
-                  "timeout_s": self.timeout_s > 0, "port": 0 <= self.port < 65536}
+                  "timeout_s": self.timeout_s > 0, "port": 0 <= self.port < 65536,
+                  **self._limit_checks()}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid setting(s) {bad}: sizes and times must be positive")
+
+    def _limit_checks(self) -> dict[str, bool]:
+        """The hostile-input limits (SECURITY.md): all positive; the decode budget fits one maximal image."""
+        return {"max_images": self.max_images >= 1, "max_jpeg_scans": self.max_jpeg_scans >= 1,
+                "max_decode_pixels": self.max_decode_pixels == 0 or self.max_decode_pixels >= self.max_pixels,
+                "max_header_kb": self.max_header_kb >= 1, "header_timeout_s": self.header_timeout_s > 0,
+                "body_timeout_s": self.body_timeout_s > 0, "max_connections": self.max_connections >= 1}
+
+    def resolved_max_decode_pixels(self) -> int:
+        """Pixels being decoded at once across the pool (each costs up to ~12 bytes while it is
+        converted and resized). Auto: twice --max-pixels, so one maximal image never waits for itself."""
+        return self.max_decode_pixels or 2 * self.max_pixels
+
+    def host_allowlist(self) -> frozenset[str]:
+        """Accepted ``Host`` names (no port); empty = any. Auto: on a loopback bind without an API key,
+        only loopback names, so a DNS-rebinding page cannot reach the server through a browser."""
+        if self.allowed_hosts.strip() == "*":
+            return frozenset()
+        names = {h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip()}
+        if not names and is_loopback(self.host) and not self.api_key:
+            names = set(LOOPBACK_NAMES)
+        return frozenset(names)
+
+    def check_exposure(self) -> None:
+        """Refuse a non-loopback bind without an API key unless ``insecure`` (raises ValueError)."""
+        if not is_loopback(self.host) and not self.api_key and not self.insecure:
+            raise ValueError(f"refusing to listen on {self.host} without an API key: set IRPE_API_KEY=<secret> "
+                             "(or pass --insecure / IRPE_INSECURE=1 to serve it unauthenticated)")
 
     @property
     def max_body_bytes(self) -> int:
@@ -79,15 +120,15 @@ class Settings:
         +2-4% served throughput in ``irpe bench serve`` on 2 cores)."""
         if self.decode_threads:
             return self.decode_threads
-        return _cores() if self.device == "cuda" else max(1, _cores() // 2)
+        return usable_cpus() if self.device == "cuda" else max(1, usable_cpus() // 2)
 
     def resolved_inference_threads(self) -> int:
         """Auto: one worker per core on CPU (single-threaded sessions), one worker on a GPU."""
-        return self.inference_threads or (1 if self.device == "cuda" else _cores())
+        return self.inference_threads or (1 if self.device == "cuda" else usable_cpus())
 
     def resolved_threads(self) -> int:
         """ONNX Runtime intra-op threads per worker; auto splits the cores between the workers."""
-        return self.threads or max(1, _cores() // self.resolved_inference_threads())
+        return self.threads or max(1, usable_cpus() // self.resolved_inference_threads())
 
     def to_env(self) -> dict[str, str]:
         """``IRPE_*`` variables reproducing these settings (used to configure worker processes)."""
@@ -100,8 +141,50 @@ class Settings:
         return d
 
 
-def _cores() -> int:
-    return max(1, os.cpu_count() or 1)
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def usable_cpus() -> int:
+    """CPUs this process may really use: the smallest of the CPU count, the affinity mask and the
+    cgroup CPU quota (``cpu.max`` in v2, ``cpu.cfs_quota_us`` in v1), rounded up."""
+    n = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        n = min(n, len(os.sched_getaffinity(0)) or n)
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, math.ceil(quota))
+    return max(1, n)
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs allowed by the cgroup quota of this process, or None when unlimited or unknown."""
+    base = Path(root)
+    try:
+        raw = (base / "cpu.max").read_text().split()
+        if raw and raw[0] != "max":
+            return int(raw[0]) / int(raw[1] if len(raw) > 1 else 100_000)
+        if raw:
+            return None
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    for v1 in (base / "cpu", base / "cpu,cpuacct"):
+        try:
+            quota = int((v1 / "cpu.cfs_quota_us").read_text())
+            period = int((v1 / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return quota / period if quota > 0 and period > 0 else None
+    return None
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

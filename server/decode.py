@@ -8,7 +8,13 @@ grayscale, RGBA/LA (alpha dropped, as the training loader's ``convert("RGB")`` d
 from __future__ import annotations
 
 import io
+import logging
+import re
+import threading
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -22,6 +28,70 @@ FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF", "TIFF"})
 JPEG_FORMATS = frozenset({"JPEG", "MPO"})
 _ORIENTATION = 0x0112
 _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+_CHUNK = 1 << 20  # pixels converted at a time from 16/32-bit modes (bounds the temporary copies)
+MAX_JPEG_SCANS = 100
+log = logging.getLogger("irpe.server")
+
+
+class PixelBudget:
+    """Pixels being decoded at once, across every decode thread (each costs up to ~12 bytes while it is
+    decoded, converted and resized). A decode waits for room; an image larger than the whole budget
+    never gets here (--max-pixels <= budget)."""
+
+    def __init__(self, pixels: int):
+        self.total = pixels
+        self.free = pixels
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def hold(self, pixels: int, deadline: float | None = None) -> Iterator[None]:
+        """Take ``pixels`` (at most the whole budget) for the block; 504 if ``deadline`` passes first."""
+        n = min(pixels, self.total)
+        with self._cond:
+            while self.free < n:
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0:
+                    raise APIError(504, "timeout", "request deadline passed while waiting to decode (--timeout-s)")
+                self._cond.wait(left)
+            self.free -= n
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.free += n
+                self._cond.notify_all()
+
+
+_NEXT_MARKER = re.compile(rb"\xff+[^\x00\xd0-\xd7\xff]")
+
+
+def jpeg_scans(data: bytes, limit: int) -> int:
+    """Number of scans (SOS segments) of a JPEG, counting stops once it passes ``limit``. Walks the
+    marker segments, skipping entropy-coded data (where 0xFF is always stuffed), so embedded thumbnails
+    in APPn segments are not counted; cost: one regex search per scan."""
+    pos, scans, end = 2, 0, len(data)
+    while pos + 4 <= end and scans <= limit:
+        if data[pos] != 0xFF:
+            return scans
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0xD9:  # EOI
+            return scans
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:
+            pos += 2
+            continue
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        if marker == 0xDA:
+            scans += 1
+            found = _NEXT_MARKER.search(data, pos)
+            if found is None:
+                return scans
+            pos = found.end() - 2
+            while data[pos + 1] == 0xFF:
+                pos += 1
+    return scans
 
 
 def open_image(data: bytes, max_pixels: int) -> Image.Image:
@@ -36,8 +106,8 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
                        "BMP, GIF or TIFF") from None
     except Image.DecompressionBombError as e:
         raise APIError(413, "too_many_pixels", str(e)) from None
-    except (OSError, SyntaxError, ValueError) as e:
-        raise APIError(400, "invalid_image", f"image header is corrupt ({e})") from None
+    except Exception as e:  # Pillow raises TypeError, OverflowError, ... on odd TIFF tags and the like
+        raise APIError(400, "invalid_image", f"image header is corrupt ({_describe(e)})") from None
     if img.format not in FORMATS:
         raise APIError(415, "unsupported_media_type",
                        f"{img.format} images are not accepted; send JPEG, PNG, WebP, BMP, GIF or TIFF")
@@ -48,14 +118,36 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
     return img
 
 
+def _describe(e: BaseException) -> str:
+    text = str(e).splitlines()[0][:200] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _rows(arr: np.ndarray) -> Iterator[slice]:
+    step = max(1, _CHUNK // max(1, arr.shape[1]))
+    for r in range(0, arr.shape[0], step):
+        yield slice(r, r + step)
+
+
 def _sixteen_to_l(img: Image.Image) -> Image.Image:
-    """16-bit (or 32-bit int / float) single-channel image -> 8-bit L, scaling the full range."""
+    """16-bit (or 32-bit int / float) single-channel image -> 8-bit L, scaling the full range.
+
+    Converted a band of rows at a time, in integers (round(x / 257) == (x + 128) // 257 for 0..65535),
+    so the temporaries stay ~1 Mpixel whatever the image size."""
     arr = np.asarray(img)
+    out = np.empty(arr.shape, dtype=np.uint8)
     if img.mode == "F":
-        arr = arr * 255.0 if float(np.nanmax(arr, initial=0.0)) <= 1.0 else arr
-        return Image.fromarray(np.clip(np.nan_to_num(arr), 0, 255).round().astype(np.uint8), "L")
-    arr = np.clip(arr.astype(np.float64), 0, 65535) / 257.0
-    return Image.fromarray(arr.round().astype(np.uint8), "L")
+        unit = all(float(np.nanmax(arr[r], initial=0.0)) <= 1.0 for r in _rows(arr))
+        for r in _rows(arr):
+            band = np.nan_to_num(arr[r], nan=0.0, posinf=255.0, neginf=0.0)
+            with np.errstate(over="ignore"):  # -3e38 * 255 -> -inf, clipped to 0 below
+                band = band * np.float32(255.0) if unit else band
+            out[r] = np.clip(band, 0, 255).round()
+        return Image.fromarray(out, "L")
+    for r in _rows(arr):
+        band = np.clip(arr[r], 0, 65535).astype(np.uint32)
+        out[r] = (band + 128) // 257
+    return Image.fromarray(out, "L")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -70,15 +162,28 @@ def to_rgb(img: Image.Image) -> Image.Image:
             return img.convert("RGB")
         except ValueError as e:
             raise APIError(415, "unsupported_media_type", f"{img.mode} images are not supported ({e})") from None
+        except Exception as e:
+            raise APIError(400, "invalid_image", f"image data is corrupt ({_describe(e)})") from None
 
 
-def decode_image(data: bytes, max_pixels: int, draft_size: int = 0) -> Image.Image:
+def check_scans(data: bytes, img: Image.Image, max_scans: int) -> None:
+    """413 for a JPEG with more than ``max_scans`` scans (each one is another pass over every block:
+    a few hundred KB of repeated scans would cost tens of seconds of decode CPU)."""
+    if img.format in JPEG_FORMATS and (n := jpeg_scans(data, max_scans)) > max_scans:
+        raise APIError(413, "too_many_scans", f"JPEG has more than {max_scans} scans (found {n} so far; "
+                       "--max-jpeg-scans); re-encode it (a normal progressive JPEG has about 10)")
+
+
+def decode_image(data: bytes, max_pixels: int, draft_size: int = 0, max_scans: int = MAX_JPEG_SCANS,
+                 img: Image.Image | None = None) -> Image.Image:
     """Decode the first frame of ``data`` to an EXIF-oriented RGB image.
 
     ``draft_size`` > 0: a JPEG is decoded by libjpeg at the smallest DCT scale (1/2, 1/4, 1/8) that keeps
-    both sides >= ``draft_size`` (faster, not bit-exact); other formats are unaffected.
+    both sides >= ``draft_size`` (faster, not bit-exact); other formats are unaffected. ``img``: the
+    already opened ``data``. Every decoder failure is an APIError (4xx).
     """
-    img = open_image(data, max_pixels)
+    img = img or open_image(data, max_pixels)
+    check_scans(data, img, max_scans)
     if draft_size > 0 and img.format in JPEG_FORMATS:
         img.draft("RGB", (draft_size, draft_size))
     try:
@@ -87,22 +192,39 @@ def decode_image(data: bytes, max_pixels: int, draft_size: int = 0) -> Image.Ima
             img = ImageOps.exif_transpose(img) or img
     except Image.DecompressionBombError as e:
         raise APIError(413, "too_many_pixels", str(e)) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
+    except MemoryError:
+        raise APIError(413, "too_many_pixels", "image too large to decode in the memory available") from None
+    except Exception as e:  # every decoder failure (OSError, TypeError, OverflowError, ...) is the file's fault
         code = "truncated_image" if "truncat" in str(e).lower() else "invalid_image"
-        raise APIError(400, code, f"image data is truncated or corrupt ({e})") from None
+        raise APIError(400, code, f"image data is truncated or corrupt ({_describe(e)})") from None
     return to_rgb(img)
 
 
-def prepare(data: bytes, pp: Preprocess, max_pixels: int, jpeg_draft: bool = False) -> np.ndarray:
+def prepare(data: bytes, pp: Preprocess, max_pixels: int, jpeg_draft: bool = False, *,
+            budget: PixelBudget | None = None, deadline: float | None = None,
+            max_scans: int = MAX_JPEG_SCANS) -> np.ndarray:
     """Bytes -> float32 (3, crop, crop) model input following model.json's preprocess block.
 
     ``jpeg_draft``: decode JPEGs at a reduced DCT scale no smaller than ``pp.resize`` (opt-in; see
-    :func:`decode_image`); off, the result is bit-exact with the reference transform.
+    :func:`decode_image`); off, the result is bit-exact with the reference transform. ``budget``: the
+    shared pixel budget the decode holds its pixels from (waiting at most until ``deadline``).
     """
-    img = decode_image(data, max_pixels, draft_size=pp.resize if jpeg_draft else 0)
+    img = open_image(data, max_pixels)
+    if budget is None:
+        return _prepare_open(data, img, pp, max_pixels, jpeg_draft, max_scans)
+    with budget.hold(img.size[0] * img.size[1], deadline):
+        return _prepare_open(data, img, pp, max_pixels, jpeg_draft, max_scans)
+
+
+def _prepare_open(data: bytes, img: Image.Image, pp: Preprocess, max_pixels: int, jpeg_draft: bool,
+                  max_scans: int) -> np.ndarray:
+    img = decode_image(data, max_pixels, draft_size=pp.resize if jpeg_draft else 0, max_scans=max_scans, img=img)
     w, h = img.size  # resizing the shorter side to pp.resize must not blow up a thin image (1x40M -> 36x1.4G)
     resized = pp.resize * int(pp.resize * max(w, h) / min(w, h))
     if resized > max_pixels:
         raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {pp.resize} "
                        f"would give {resized} pixels, over the limit {max_pixels} (--max-pixels); crop it first")
-    return preprocess_image(img, pp)
+    try:
+        return preprocess_image(img, pp)
+    except MemoryError:
+        raise APIError(413, "too_many_pixels", "image too large to resize in the memory available") from None

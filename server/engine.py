@@ -20,6 +20,8 @@ import numpy as np
 
 from irpe.artifact import ModelArtifact
 
+from .config import usable_cpus
+
 log = logging.getLogger("irpe.server")
 
 
@@ -102,7 +104,7 @@ class OrtEngine:
 
 def _session_options(ort: Any, threads: int) -> Any:
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or max(1, os.cpu_count() or 1)
+    so.intra_op_num_threads = threads or usable_cpus()
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Image decoding runs beside inference on the same cores: idle ORT threads must not spin.

@@ -28,6 +28,22 @@ async def send_json(send: Any, status: int, body: dict[str, Any], headers: dict[
     await send({"type": "http.response.body", "body": raw})
 
 
+def authorized(scope: Scope, key: str) -> bool:
+    """True when no key is set or the request carries it (``Authorization: Bearer <key>``)."""
+    return not key or _authorized(scope, key)
+
+
+def host_name(scope: Scope) -> str:
+    """The ``Host`` header without its port, lower case ("" when absent)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            host = value.decode("latin-1").strip().lower()
+            if host.startswith("["):
+                return host[:host.find("]") + 1] if "]" in host else host
+            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return ""
+
+
 def _authorized(scope: Scope, key: str) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
@@ -58,7 +74,13 @@ class ObserveMiddleware:
         start = time.perf_counter()
         status = [500]
         key = self.state.settings.api_key
-        if key and scope["path"] not in HEALTH_PATHS and not _authorized(scope, key):
+        allowed = self.state.allowed_hosts
+        if allowed and host_name(scope) not in allowed:
+            status[0] = 421
+            await send_json(send, 421, error_body("misdirected_request", f"Host {host_name(scope)!r} is not "
+                            "served here (--allowed-hosts; a loopback server without a key answers only "
+                            "localhost / 127.0.0.1 / [::1])"))
+        elif key and scope["path"] not in HEALTH_PATHS and not _authorized(scope, key):
             status[0] = 401
             await send_json(send, 401, error_body("unauthorized", "missing or wrong API key; send "
                             "'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})

@@ -17,6 +17,7 @@ from irpe.artifact import ModelArtifact
 from .batching import Result
 from .body import read_images
 from .errors import APIError, error_responses
+from .middleware import authorized
 from .state import ServerState, get_state
 
 STATIC = Path(__file__).with_name("static")
@@ -84,14 +85,18 @@ async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
     if top_k_ > art.num_classes:
         raise APIError(422, "validation_error", f"query.top_k: must be between 1 and {art.num_classes}")
     s = state.settings
-    blobs = await read_images(request, s.max_body_bytes, s.max_queue)
+    blobs = await read_images(request, s.max_body_bytes, s.max_images)
+    state.admit(len(blobs))
 
     async def work() -> tuple[list[np.ndarray], float, list[Result]]:
         """Decode, then queue for inference."""
-        arrays, decode_s = await state.preprocess(blobs)
+        arrays, decode_s = await state.preprocess(blobs, deadline=started + s.timeout_s)
         return arrays, decode_s, await state.infer(arrays)
 
-    _, decode_s, results = await state.with_deadline(work(), started)  # type: ignore[misc]
+    try:
+        _, decode_s, results = await state.with_deadline(work(), started)  # type: ignore[misc]
+    finally:
+        state.release(len(blobs))
     if not all(np.isfinite(r.logits).all() for r in results):
         log.error("model %s produced non-finite logits on /classify", art.name)
         raise APIError(500, "non_finite_output", "the model produced NaN/Inf logits for this image")
@@ -132,17 +137,27 @@ async def get_model(request: Request, name: str) -> dict[str, Any]:
 async def healthz(request: Request) -> JSONResponse:
     """Liveness: the process answers (fails only if warm-up failed)."""
     state = get_state(request)
+    state.check_workers()
     if state.failure:
-        return JSONResponse({"status": "failed", "detail": state.failure}, status_code=503)
+        return JSONResponse({"status": "failed", "detail": _failure(request, state)}, status_code=503)
     return JSONResponse({"status": "ok"})
+
+
+def _failure(request: Request, state: ServerState) -> str:
+    """The failure text for callers with the key (or when none is set); a pointer to the log otherwise."""
+    if authorized(request.scope, state.settings.api_key):
+        return state.failure
+    return "failed; details in the server log (or send the API key)"
 
 
 @router.get("/readyz", tags=["health"], responses={200: {"model": HealthStatus}, **_HEALTH_503})
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: 503 until the model is loaded and every batch size warmed up."""
     state = get_state(request)
+    state.check_workers()
     if not state.ready:
-        return JSONResponse({"status": "not_ready", "detail": state.failure or "warming up"}, status_code=503,
+        detail = _failure(request, state) if state.failure else "warming up"
+        return JSONResponse({"status": "not_ready", "detail": detail}, status_code=503,
                             headers={"Retry-After": "1"})
     return JSONResponse({"status": "ready"})
 

@@ -16,9 +16,10 @@ from irpe.artifact import ModelArtifact, load_artifact
 
 from .batching import Batcher, BatcherStoppedError, QueueFullError, Result
 from .config import Settings
-from .decode import prepare
+from .decode import PixelBudget, prepare
 from .engine import Engine, load_engine, warm_up
 from .errors import APIError
+from .memory import fix_mmap_threshold
 from .metrics import Metrics
 
 log = logging.getLogger("irpe.server")
@@ -36,10 +37,17 @@ class ServerState:
     pool: ThreadPoolExecutor | None = None
     ready: bool = False
     failure: str = ""
+    budget: PixelBudget | None = None
+    admitted: int = 0  # images of /classify requests being decoded or queued (event-loop owned)
+    allowed_hosts: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.allowed_hosts = self.settings.host_allowlist()
 
     def load(self) -> None:
         """Read model.json and build the engine (fails fast: missing files, GPU fallback, ...)."""
         s = self.settings
+        fix_mmap_threshold()
         self.art = load_artifact(Path(s.artifact_dir))
         self.engine = load_engine(s.artifact_dir, self.art, backend=s.backend, device=s.device,
                                   threads=s.resolved_threads(), max_batch=s.resolved_max_batch())
@@ -48,6 +56,7 @@ class ServerState:
                  "x %d intra-op thread(s)", self.art.name, info.backend, info.device, info.providers,
                  info.batch_sizes, s.resolved_inference_threads(), s.resolved_threads())
         self.pool = ThreadPoolExecutor(s.resolved_decode_threads(), thread_name_prefix="irpe-decode")
+        self.budget = PixelBudget(s.resolved_max_decode_pixels())
         self.batcher = Batcher(self.engine.run, sizes=info.batch_sizes, max_wait_ms=s.max_wait_ms,
                                max_queue=s.max_queue, metrics=self.metrics,
                                workers=s.resolved_inference_threads())
@@ -74,22 +83,62 @@ class ServerState:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
+    def check_workers(self) -> None:
+        """A ready server whose inference thread died (an error outside the engine call) turns unready."""
+        threads = getattr(self.batcher, "_threads", [])
+        if self.ready and any(t.ident is not None and not t.is_alive() for t in threads):
+            self.ready = False
+            self.failure = "an inference worker thread stopped (see the server log); restart the server"
+            self.metrics.ready.set(0)
+            log.error("inference worker thread died; /readyz now answers 503")
+
     def require_ready(self) -> tuple[ModelArtifact, Batcher]:
         """(model, batcher), or 503 with Retry-After until warm-up is done."""
+        self.check_workers()
         if not self.ready or self.art is None or self.batcher is None:
             detail = self.failure or "model is loading / warming up"
             raise APIError(503, "not_ready", detail, {"Retry-After": "1"})
         return self.art, self.batcher
 
-    async def preprocess(self, blobs: list[bytes]) -> tuple[list[np.ndarray], float]:
-        """Decode + preprocess every blob in the pool, in parallel; the first failure fails all."""
+    def admit(self, n: int) -> None:
+        """Count ``n`` images as admitted before any is decoded: 503 with Retry-After when the images
+        being decoded or queued would pass --max-queue (a many-image request is refused, not decoded)."""
+        self.require_ready()
+        if n > self.settings.max_queue:
+            raise APIError(413, "too_many_files", f"{n} images in one request; the queue holds "
+                           f"{self.settings.max_queue} (--max-queue)")
+        if self.admitted + n > self.settings.max_queue:
+            retry = max(1, self.admitted // 64)
+            raise APIError(503, "queue_full", f"server busy: {self.admitted} image(s) being decoded or queued, "
+                           f"limit {self.settings.max_queue} (--max-queue); retry in {retry}s",
+                           {"Retry-After": str(retry)})
+        self.admitted += n
+
+    def release(self, n: int) -> None:
+        """Undo :meth:`admit` once the images are answered (or failed)."""
+        self.admitted = max(0, self.admitted - n)
+
+    async def preprocess(self, blobs: list[bytes], deadline: float | None = None) -> tuple[list[np.ndarray], float]:
+        """Decode + preprocess every blob in the pool; the first failure fails all (the rest are not started).
+
+        Fair share: one request has at most half the decode threads busy at once, so a many-image
+        request does not hold the whole pool; every decode holds its pixels from the shared budget."""
         art, _ = self.require_ready()
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
         s = self.settings
-        jobs = [loop.run_in_executor(self.pool, _timed_prepare, b, art, s.max_pixels, s.jpeg_draft)
-                for b in blobs]
-        done = await asyncio.gather(*jobs)
+        share = asyncio.Semaphore(max(1, s.resolved_decode_threads() // 2))
+
+        async def one(blob: bytes) -> tuple[np.ndarray, float]:
+            async with share:
+                return await loop.run_in_executor(self.pool, _timed_prepare, blob, art, s, self.budget, deadline)
+
+        tasks = [asyncio.ensure_future(one(b)) for b in blobs]
+        try:
+            done = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
         for _, seconds in done:
             self.metrics.decode.observe(seconds)
         return [x for x, _ in done], time.perf_counter() - start
@@ -116,10 +165,13 @@ class ServerState:
                            "(--timeout-s)") from None
 
 
-def _timed_prepare(data: bytes, art: ModelArtifact, max_pixels: int,
-                   jpeg_draft: bool = False) -> tuple[np.ndarray, float]:
+def _timed_prepare(data: bytes, art: ModelArtifact, s: Settings, budget: PixelBudget | None,
+                   deadline: float | None) -> tuple[np.ndarray, float]:
     start = time.perf_counter()
-    x = prepare(data, art.preprocess, max_pixels, jpeg_draft=jpeg_draft)
+    if deadline is not None and start > deadline:  # the request gave up while this waited for a thread
+        raise APIError(504, "timeout", f"request not answered within {s.timeout_s:g}s (--timeout-s)")
+    x = prepare(data, art.preprocess, s.max_pixels, jpeg_draft=s.jpeg_draft, budget=budget, deadline=deadline,
+                max_scans=s.max_jpeg_scans)
     return x, time.perf_counter() - start
 
 

@@ -40,7 +40,28 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jpeg-draft", action="store_true", default=None,
                    help="decode JPEGs at a reduced DCT scale >= the resize size (faster, not bit-exact; "
                    "default off)")
+    _add_limits(p)
     p.set_defaults(func=run_serve)
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    """Hostile-input limits and exposure (SECURITY.md lists each with its default)."""
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="allow a non-loopback --host without IRPE_API_KEY (unauthenticated; default: refuse)")
+    p.add_argument("--max-images", type=int, help="images per request (default 32)")
+    p.add_argument("--max-decode-pixels", type=lambda s: int(float(s)),
+                   help="pixels decoded at once across the decode pool (default 2 x --max-pixels)")
+    p.add_argument("--max-jpeg-scans", type=int, help="scans per progressive JPEG (default 100)")
+    p.add_argument("--max-header-kb", type=int, help="request line + headers size (default 64)")
+    p.add_argument("--header-timeout-s", type=float, help="time to receive the request head, 408 after (default 10)")
+    p.add_argument("--body-timeout-s", type=float, help="time to receive the request body, 408 after (default 60)")
+    p.add_argument("--max-connections", type=int, help="open connections before 503 (default 256)")
+    p.add_argument("--allowed-hosts", help="comma-separated Host names accepted ('*': any; default: loopback "
+                   "names on a loopback bind without a key, else any)")
+
+
+LIMIT_KEYS = ("insecure", "max_images", "max_decode_pixels", "max_jpeg_scans", "max_header_kb", "header_timeout_s",
+              "body_timeout_s", "max_connections", "allowed_hosts")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -51,8 +72,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
-            "jpeg_draft"]
+            "jpeg_draft", *LIMIT_KEYS]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
+    settings.check_exposure()  # before anything else: an exposed server without a key never starts
     load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
     serve(settings)
     return 0

@@ -103,3 +103,25 @@ def test_unverified_pillow_keeps_pillow_order(monkeypatch: pytest.MonkeyPatch) -
     assert resample.resize_crop(tall, 256, 224, "bicubic") is None
     square = noise((512, 512), seed=5)  # horizontal first under every release
     assert resample.resize_crop(square, 256, 224, "bicubic") is not None or not resample.available()
+
+
+@needs_kernels
+@pytest.mark.parametrize("size", [(2000, 1500), (1500, 2000), (300, 3000), (3000, 300), (640, 480), (447, 1261)])
+def test_strips_give_the_same_pixels(size: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first pass runs on strips (bounded memory for huge images): tiny strips change no pixel."""
+    monkeypatch.setattr(resample, "STRIP_PIXELS", 5000)
+    img = noise(size, seed=size[0] + 3 * size[1])
+    for resize, crop in GEOMETRIES:
+        np.testing.assert_array_equal(resample.resize_crop(img, resize, crop, "bicubic"),
+                                      pillow(img, resize, crop, "bicubic"))
+
+
+def test_window_cache_is_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = resample._WindowCache(1 << 20)
+    monkeypatch.setattr(resample, "_CACHE", cache)
+    for height in range(10_000, 10_400):
+        resample.cached_window(height, height // 3, "bicubic", 100, 224)
+    assert 0 < cache.bytes <= 1 << 20
+    bounds, weights = resample.cached_window(9000, 3000, "bicubic", 100, 224)
+    full = resample.coefficients(9000, 3000, "bicubic")
+    assert np.array_equal(bounds, full[0][100:324]) and np.array_equal(weights, full[1][100:324])

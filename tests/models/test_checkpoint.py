@@ -137,3 +137,17 @@ def test_recorded_overrides_apply_when_the_stored_name_is_passed_explicitly(tmp_
                 "args": argparse.Namespace(model=name, overrides={"img_size": 32, "num_classes": 3})}, path)
     assert load_checkpoint_with_info(path, name)[1].config.num_classes == 3
     assert load_checkpoint_with_info(path, name, num_classes=3)[1].config.img_size == 32
+
+
+@pytest.mark.parametrize("index", [99_999_999, 1000, 20])
+def test_huge_or_sparse_block_index_is_refused_before_building(tmp_path, index):
+    import time
+
+    sd = create_model("deit_tiny_patch16_224", **TINY).state_dict()
+    sd[f"blocks.{index}.norm1.weight"] = sd["blocks.0.norm1.weight"].clone()
+    path = tmp_path / "huge.pth"
+    torch.save(sd, path)
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match="block indices"):
+        load_checkpoint(path)
+    assert time.perf_counter() - start < 10

@@ -67,7 +67,8 @@ def make_failing_artifact(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     save(model, str(directory / "model.onnx"))
     art = ModelArtifact(name="failing", architecture={"kind": "handmade"}, img_size=CROP, num_classes=NUM_CLASSES,
-                        preprocess=Preprocess(resize=36, crop=CROP), labels=list(LABELS))
+                        preprocess=Preprocess(resize=36, crop=CROP), labels=list(LABELS),
+                        onnx_sha256=file_sha256(directory / "model.onnx"))
     save_artifact(art, directory)
     return directory
 

@@ -1,0 +1,124 @@
+"""uvicorn's httptools protocol with the limits it lacks: header size, header and body time, connections.
+
+httptools accumulates a header value across reads with no size limit (a 128 MB header costs ~20 s of the
+event loop and +200 MB before any route or key check). This subclass counts the bytes of the request head
+as they arrive and answers 431 past ``max_header_bytes``; a head not complete within ``header_timeout_s``
+(slowloris, or a connection that never speaks) gets 408, a body not complete within ``body_timeout_s``
+gets 408 (if no answer started) and the connection is closed either way; connections over
+``max_connections`` get 503 and are closed at once. Each check is a counter or a timer per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .config import Settings
+
+log = logging.getLogger("irpe.server")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Connection-level limits (from :class:`Settings`)."""
+
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 256
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> Limits:
+        return cls(s.max_header_kb * 1024, s.header_timeout_s, s.body_timeout_s, s.max_connections)
+
+
+def _raw_response(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": {"code": reason.lower().replace(" ", "_"), "message": message}}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol + :class:`Limits` (see the module docstring)."""
+
+    def __init__(self, *args: Any, limits: Limits | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.limits = limits or Limits()
+        self._head_bytes = 0
+        self._in_head = True
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._expired, what)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(_raw_response(status, reason, message))
+            self.transport.close()
+
+    def _expired(self, what: str) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        log.info("closing a connection from %s: request %s not received in time", self.client, what)
+        cycle = self.cycle
+        if what == "head" or cycle is None or not cycle.response_started:
+            limit = self.limits.header_timeout_s if what == "head" else self.limits.body_timeout_s
+            option = "--header-timeout-s" if what == "head" else "--body-timeout-s"
+            self._refuse(408, "Request Timeout", f"request {what} not received within {limit:g}s ({option})")
+        else:
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            log.warning("refusing a connection: %d open (--max-connections)", len(self.connections) - 1)
+            self._refuse(503, "Service Unavailable", f"too many open connections (limit "
+                         f"{self.limits.max_connections}, --max-connections); retry later")
+            return
+        self._arm(self.limits.header_timeout_s, "head")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.limits.max_header_bytes:
+            log.info("refusing a request head over %d bytes from %s", self.limits.max_header_bytes, self.client)
+            self._refuse(431, "Request Header Fields Too Large", f"request line and headers exceed "
+                         f"{self.limits.max_header_bytes} bytes (--max-header-kb)")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._timer is None:
+            self._arm(self.limits.header_timeout_s, "head")
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes = False, 0
+        self._arm(self.limits.body_timeout_s, "body")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_head = True
+        super().on_message_complete()
+
+
+def protocol_factory(settings: Settings) -> Any:
+    """What uvicorn's ``http=`` option takes: the bounded protocol bound to ``settings``' limits (picklable)."""
+    return functools.partial(BoundedHttpToolsProtocol, limits=Limits.from_settings(settings))
