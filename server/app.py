@@ -27,6 +27,7 @@ from .errors import drop_default_validation_error, install_error_handlers
 from .middleware import ObserveMiddleware
 from .protocol import protocol_factory
 from .state import ServerState
+from .tracing import TraceMiddleware, otlp_tracer
 
 log = logging.getLogger("irpe.server")
 
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.irpe = ServerState(settings)
     install_error_handlers(app)
     app.add_middleware(ObserveMiddleware, state=app.state.irpe)
+    app.add_middleware(TraceMiddleware, tracer=otlp_tracer())  # outermost: request id + trace on every answer
     app.include_router(routes.router)
     app.include_router(kserve.router)
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")

@@ -1,9 +1,12 @@
 """Dynamic batching: images from many requests go to the engine together, on one dedicated thread.
 
-Requests (on the event loop) append images to a bounded queue and await futures. The inference thread
-waits until ``max_batch`` images are queued or the oldest has waited ``max_wait_ms``, takes the largest
-warmed-up batch size that fits, runs the engine and hands each row back to the loop. Images whose request
-already gave up (deadline, disconnect) are skipped. ``stop(drain=True)`` finishes what is queued.
+Requests (on the event loop) append images to a bounded queue and await futures. A free inference thread
+never holds a lone request while the engine is idle: when no other thread is running a batch it takes
+what is queued at once. Only while another batch is in flight does it wait, until ``max_batch`` images
+are queued, the oldest has waited ``max_wait_ms`` or the engine becomes idle. It takes the largest
+warmed-up batch size that fits, runs the engine and hands each row back to the loop. Images whose
+request already gave up (deadline, disconnect) are skipped. ``stop(drain=True)`` finishes what is queued.
+Counters for ``/v2/models/{m}/stats`` are kept in ``stats`` (:class:`~.stats.ModelStats`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .metrics import Metrics
+from .stats import ModelStats
 
 log = logging.getLogger("irpe.server")
 
@@ -85,7 +89,9 @@ class Batcher:
         self._queue: collections.deque[_Item] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._busy = 0  # batches in flight
         self._per_image_s = 0.0
+        self.stats = ModelStats()
         self._threads = [threading.Thread(target=self._loop, name=f"irpe-inference-{i}", daemon=True)
                          for i in range(max(1, workers))]
 
@@ -102,6 +108,7 @@ class Batcher:
     async def submit(self, images: list[np.ndarray]) -> list[Result]:
         """Queue ``images`` (all or none) and wait for their results; cancel to give up."""
         loop = asyncio.get_running_loop()
+        submitted = time.perf_counter()
         items = [_Item(x, loop.create_future(), loop) for x in images]
         with self._cond:
             if self._stopping:
@@ -110,10 +117,14 @@ class Batcher:
                 raise QueueFullError(self._retry_after())
             self._queue.extend(items)
             self.metrics.queue_depth.set(len(self._queue))
-            self._cond.notify_all()
+            self._cond.notify()  # one free thread takes it; waking them all costs GIL hand-offs per request
+        ok = False
         try:
-            return list(await asyncio.gather(*(i.future for i in items)))
+            results = list(await asyncio.gather(*(i.future for i in items)))
+            ok = True
+            return results
         finally:
+            self.stats.request(ok, time.perf_counter() - submitted)
             for i in items:
                 i.future.cancel()  # no-op when done; marks abandoned items so the thread skips them
 
@@ -136,11 +147,13 @@ class Batcher:
             n = max(s for s in self.sizes if s <= len(self._queue))
             batch = [self._queue.popleft() for _ in range(n)]
             self.metrics.queue_depth.set(len(self._queue))
+            self._busy += 1
             return batch
 
     def _wait_to_fill(self) -> None:
-        """Wait (lock held) until max_batch images are queued or the oldest waited max_wait."""
-        while self._queue and len(self._queue) < self.max_batch and not self._stopping:
+        """Wait (lock held) while another batch runs, until max_batch images are queued, the oldest
+        waited max_wait or the engine is idle; with the engine idle, return at once."""
+        while self._queue and len(self._queue) < self.max_batch and not self._stopping and self._busy:
             remaining = self._queue[0].enqueued + self.max_wait - time.perf_counter()
             if remaining <= 0:
                 return
@@ -148,18 +161,26 @@ class Batcher:
 
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
-            live = [i for i in batch if not i.future.done()]
-            if live:
-                self._infer(live)
+            try:
+                live = [i for i in batch if not i.future.done()]
+                if live:
+                    self._infer(live)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    if self._queue:  # a thread waiting to fill stops waiting once the engine is idle
+                        self._cond.notify_all()
 
     def _infer(self, batch: list[_Item]) -> None:
         start = time.perf_counter()
         try:
-            out = self._run(np.stack([i.x for i in batch]))
+            x = np.stack([i.x for i in batch])
+            stacked = time.perf_counter()
+            out = self._run(x)
             error: BaseException | None = None
         except Exception as e:  # delivered to every request in the batch; the thread keeps going
             log.exception("inference failed for a batch of %d", len(batch))
-            out, error = None, e
+            out, error, stacked = None, e, start
         took = time.perf_counter() - start
         self._per_image_s = 0.8 * self._per_image_s + 0.2 * took / len(batch) if self._per_image_s else \
             took / len(batch)
@@ -172,7 +193,14 @@ class Batcher:
             res = None if out is None else Result(out[k], start - item.enqueued, took, len(batch))
             by_loop.setdefault(item.loop, []).append((item.future, res))
         for loop, pairs in by_loop.items():  # one wake-up per event loop and batch, not per image
-            loop.call_soon_threadsafe(_resolve_all, pairs, error)
+            try:
+                loop.call_soon_threadsafe(_resolve_all, pairs, error)
+            except RuntimeError:  # the loop closed (shutdown past its drain timeout): nobody left to answer
+                log.warning("dropped %d result(s): their event loop is closed", len(pairs))
+        if error is None:
+            done = time.perf_counter()
+            self.stats.batch(len(batch), [start - i.enqueued for i in batch],
+                             (stacked - start, start + took - stacked, done - start - took))
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop taking work; with ``drain`` the queued images are still run, else they fail."""

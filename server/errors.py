@@ -1,4 +1,5 @@
-"""Every error leaves the server as JSON ``{"error": {"code", "message"}}`` with a fitting status."""
+"""Every error leaves the server as JSON ``{"error": {"code", "message"}}`` with a fitting status; under
+``/v2`` (the Open Inference Protocol) as ``{"error": "message"}``, the shape Triton's and KServe's clients read."""
 
 from __future__ import annotations
 
@@ -49,6 +50,23 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
 
 
+class V2ErrorResponse(BaseModel):
+    """The body of every error answer under /v2 (Open Inference Protocol)."""
+
+    model_config = ConfigDict(extra="forbid")
+    error: str = Field(min_length=1, description="human-readable explanation")
+
+
+def v2_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` declaring :class:`V2ErrorResponse` for ``statuses``."""
+    return {s: {"model": V2ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+
+
+def is_v2(path: str) -> bool:
+    """Whether ``path`` is an Open Inference Protocol route (its errors are ``{"error": "message"}``)."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
 def drop_default_validation_error(schema: dict[str, Any]) -> dict[str, Any]:
     """Remove FastAPI's default 422 (``HTTPValidationError``, never sent here) from an OpenAPI schema."""
     default = "#/components/schemas/HTTPValidationError"
@@ -79,33 +97,38 @@ def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
+def error_body_for(path: str, code: str, message: str) -> dict[str, Any]:
+    """The error shape of the route at ``path``: ``{"error": message}`` under /v2, else ``error_body``."""
+    return {"error": message} if is_v2(path) else error_body(code, message)
+
+
 def error_response(status: int, code: str, message: str,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    """A JSONResponse carrying the error shape."""
-    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+    """A JSONResponse carrying the error shape (of the route at ``path``)."""
+    return JSONResponse(error_body_for(path, code, message), status_code=status, headers=headers)
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return error_response(exc.status, exc.code, exc.message, exc.headers)
+    return error_response(exc.status, exc.code, exc.message, exc.headers, request.url.path)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _STATUS_CODES.get(exc.status_code, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
         message = "no such route; see /docs for the API"
-    return error_response(exc.status_code, code, message, dict(exc.headers or {}))
+    return error_response(exc.status_code, code, message, dict(exc.headers or {}), request.url.path)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err.get("loc", ()))
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
+    return error_response(422, "validation_error", "; ".join(parts) or "invalid request", path=request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,17 +1,20 @@
-"""Open Inference Protocol (KServe v2 / Triton HTTP): health, model metadata and ``infer``.
+"""Open Inference Protocol (KServe v2 / Triton HTTP) routes: health, metadata, configuration, statistics,
+repository index and ``infer``.
 
 ``infer`` takes the FP32 tensor ``images`` [N,3,H,W] (already preprocessed) as JSON ``data`` or with the
 binary tensor extension (``Inference-Header-Content-Length``), and returns ``logits``. An output asking
 for ``parameters.classification: k`` gets Triton's classification extension instead: BYTES
-``"score:index:label"`` strings (score = the raw logit, as Triton reports), shape [N, k].
-Requests go through the same batcher as ``/classify``.
+``"score:index:label"`` strings (score = the raw logit, as Triton reports), shape [N, k]. Bodies may be
+gzip/deflate compressed (``Content-Encoding``; the body limit applies to the inflated size) and answers
+are compressed on ``Accept-Encoding``. Requests go through the same batcher as ``/classify``. Every error
+under /v2 is ``{"error": "message"}`` (see :mod:`.errors`); the wire format lives in :mod:`.kserve_codec`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -21,116 +24,37 @@ from fastapi.responses import JSONResponse, Response
 import irpe
 from irpe.artifact import ModelArtifact
 
+from . import kserve_codec as codec
 from .body import read_limited
-from .errors import APIError, error_responses
+from .errors import APIError, v2_error_responses
 from .state import ServerState, get_state
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 HEADER_LEN = "inference-header-content-length"
-_DTYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64}
-
-
-def _bad(message: str) -> APIError:
-    return APIError(400, "invalid_input", message)
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "model_repository", "statistics",
+              "parameters"]
 
 
 def _model(state: ServerState, name: str, version: str | None = None) -> ModelArtifact:
-    if state.art is None or name != state.art.name or version not in (None, "1"):
-        raise APIError(404, "model_not_found", f"no model {name!r} version {version or '1'}; see /v1/models")
+    if state.art is None or name != state.art.name or version not in (None, "", "1"):
+        served = state.art.name if state.art else "none"
+        raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' version {version or '1'} "
+                       f"is not found (this server serves {served!r} version 1)")
     return state.art
 
 
-def parse_infer(body: bytes, header_len: str | None, art: ModelArtifact) -> tuple[dict[str, Any], np.ndarray]:
-    """Request JSON and the ``images`` array (JSON data or binary tensor extension)."""
-    split = int(header_len) if header_len and header_len.isdigit() else len(body)
-    try:
-        req = json.loads(body[:split])
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise _bad(f"request header is not valid JSON ({e})") from None
-    inputs = req.get("inputs") if isinstance(req, dict) else None
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise _bad(f"expected exactly one input {art.input_name!r}")
-    spec = inputs[0]
-    want = [3, art.preprocess.crop, art.preprocess.crop]
-    shape = spec.get("shape")
-    if spec.get("name") != art.input_name or not isinstance(spec.get("datatype"), str) \
-            or spec["datatype"] not in _DTYPES:
-        raise _bad(f"input must be named {art.input_name!r} with datatype FP32")
-    if not (isinstance(shape, list) and len(shape) == 4 and shape[1:] == want and isinstance(shape[0], int)
-            and shape[0] >= 1):
-        raise _bad(f"input shape {shape} must be [N, {want[0]}, {want[1]}, {want[2]}]")
-    dtype = _DTYPES[spec["datatype"]]
-    try:
-        size = (spec.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
-            flat = np.frombuffer(body[split:split + int(size)], dtype=dtype)
-        else:
-            flat = np.asarray(spec.get("data"), dtype=dtype)
-        with np.errstate(over="ignore"):  # FP64 beyond the FP32 range becomes inf, refused below
-            images = flat.reshape(shape).astype(np.float32)
-    except (ValueError, TypeError, AttributeError, RecursionError) as e:
-        raise _bad(f"input data does not match shape {shape} ({e})") from None
-    if not np.isfinite(images).all():
-        raise _bad(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or +-Inf, "
-                   "or beyond the FP32 range); send finite numbers")
-    return req, images
+def _request_id(request: Request) -> str:
+    return getattr(request.state, "request_id", "") or uuid.uuid4().hex
 
 
-def _outputs(req: dict[str, Any], logits: np.ndarray, art: ModelArtifact) -> list[dict[str, Any]]:
-    wanted = req.get("outputs") or [{"name": art.output_name}]
-    if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
-        raise _bad(f'outputs must be a list of objects like {{"name": "{art.output_name}"}}')
-    outs = []
-    for o in wanted:
-        if o.get("name") != art.output_name:
-            raise _bad(f"unknown output {o.get('name')!r}; the model has {art.output_name!r}")
-        params = o.get("parameters") or {}
-        try:
-            k = int(params.get("classification", 0) or 0)
-        except (AttributeError, TypeError, ValueError):
-            k = -1
-        if k < 0:
-            raise _bad(f"output parameters must be an object with classification >= 0, got {params!r}")
-        if k:
-            k = min(k, art.num_classes)
-            order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-            data = [f"{logits[n, i]:f}:{i}:{art.labels[i]}" for n in range(len(logits)) for i in order[n]]
-            outs.append({"name": o["name"], "datatype": "BYTES", "shape": [len(logits), k], "data": data,
-                         "_binary": bool(params.get("binary_data"))})
-        else:
-            outs.append({"name": o["name"], "datatype": "FP32", "shape": list(logits.shape),
-                         "data": logits, "_binary": bool(params.get("binary_data"))})
-    return outs
-
-
-def _encode(out: dict[str, Any]) -> bytes:
-    if out["datatype"] == "BYTES":
-        return b"".join(len(s.encode()).to_bytes(4, "little") + s.encode() for s in out["data"])
-    return np.ascontiguousarray(out["data"], dtype=np.float32).tobytes()
-
-
-def render_response(req: dict[str, Any], logits: np.ndarray, art: ModelArtifact) -> Response:
-    """JSON response, or JSON header + binary tensors when any output asked for binary_data."""
-    outs = _outputs(req, logits, art)
-    head: dict[str, Any] = {"model_name": art.name, "model_version": "1", "outputs": []}
-    if "id" in req:
-        head["id"] = req["id"]
-    blobs = []
-    for out in outs:
-        binary = out.pop("_binary")
-        if binary:
-            blob = _encode(out)
-            blobs.append(blob)
-            out["parameters"] = {"binary_data_size": len(blob)}
-            del out["data"]
-        elif out["datatype"] == "FP32":
-            out["data"] = out["data"].reshape(-1).tolist()
-        head["outputs"].append(out)
-    text = json.dumps(head, allow_nan=False).encode()
-    if not blobs:
-        return Response(text, media_type="application/json")
-    return Response(text + b"".join(blobs), media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(len(text))})
+def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifact, limit: int,
+            max_images: int) -> tuple[dict[str, Any], np.ndarray]:
+    """Inflate, parse and validate (in the decode pool): every check before any inference."""
+    body = codec.inflate(raw, encoding, limit)
+    split = codec.header_length(header_len, len(body))
+    req, spec = codec.parse_request(body[:split], art)
+    codec.requested_outputs(req, art)  # bad or repeated outputs are refused before inference
+    return req, codec.input_array(spec, body, split, max_images)
 
 
 async def _infer(request: Request, name: str, version: str | None) -> Response:
@@ -138,28 +62,35 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     state = get_state(request)
     art = _model(state, name, version)
     state.require_ready()
-    body = await read_limited(request, state.settings.max_body_bytes)
+    s = state.settings
+    raw = await read_limited(request, s.max_body_bytes)
     loop = asyncio.get_running_loop()
-    req, images = await loop.run_in_executor(state.pool, parse_infer, body, request.headers.get(HEADER_LEN), art)
-    if len(images) > state.settings.max_queue:
-        raise APIError(413, "too_many_images", f"{len(images)} images; the limit is {state.settings.max_queue}")
+    req, images = await loop.run_in_executor(
+        state.pool, _decode, raw, request.headers.get("content-encoding", ""), request.headers.get(HEADER_LEN),
+        art, s.max_body_bytes, s.max_queue)
     results = await state.with_deadline(state.infer(list(images)), started)
     logits = np.stack([r.logits for r in results])  # type: ignore[attr-defined]
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
-        raise _bad("the model output is not finite for this input (values too large?)")
-    return await loop.run_in_executor(state.pool, render_response, req, logits, art)
+        raise codec.ProtocolError("the model output is not finite for this input (values too large?)")
+    body, json_len = await loop.run_in_executor(state.pool, codec.render, req, _request_id(request), logits, art)
+    headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}
+    encoding = codec.negotiate(request.headers.get("accept-encoding"))
+    if encoding:
+        body = await loop.run_in_executor(state.pool, codec.compress, body, encoding)
+        headers["Content-Encoding"] = encoding
+    media = "application/json" if json_len is None else "application/octet-stream"
+    return Response(body, media_type=media, headers=headers)
 
 
-_MODEL_ERRORS = error_responses(401, 404)
-_INFER_ERRORS = error_responses(400, 401, 404, 413, 500, 503, 504)
+_MODEL_ERRORS = v2_error_responses(401, 404)
+_INFER_ERRORS = v2_error_responses(400, 401, 404, 413, 415, 500, 503, 504)
 _READY_503 = {503: {"description": "not ready (body says ready: false)"}}
 
 
-@router.get("", responses=error_responses(401))
+@router.get("", responses=v2_error_responses(401))
 async def server_metadata() -> dict[str, Any]:
     """Server name, version and protocol extensions."""
-    return {"name": "irpe-deploy", "version": irpe.__version__,
-            "extensions": ["classification", "binary_tensor_data"]}
+    return {"name": "irpe-deploy", "version": irpe.__version__, "extensions": EXTENSIONS}
 
 
 @router.get("/health/live")
@@ -175,12 +106,70 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
+@router.get("/models", responses=v2_error_responses(401))
+async def list_models(request: Request) -> dict[str, list[str]]:
+    """KServe's model list: the names of the served models."""
+    art = get_state(request).art
+    return {"models": [art.name] if art else []}
+
+
+def _stats(state: ServerState, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    if name is not None:
+        _model(state, name, version)
+    if state.art is None or state.batcher is None:
+        return {"model_stats": []}
+    return {"model_stats": [state.batcher.stats.to_triton(state.art.name)]}
+
+
+@router.get("/models/stats", responses=v2_error_responses(401))
+async def all_stats(request: Request) -> dict[str, Any]:
+    """Triton's statistics extension for every model (counters and nanosecond durations of the batcher)."""
+    return _stats(get_state(request))
+
+
+@router.get("/models/{name}/stats", responses=_MODEL_ERRORS)
+@router.get("/models/{name}/versions/{version}/stats", responses=_MODEL_ERRORS)
+async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
+    """Triton's statistics extension for one model."""
+    return _stats(get_state(request), name, version)
+
+
 def _metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
     crop = art.preprocess.crop
-    platform = "tensorrt_plan" if state.engine and state.engine.info.backend == "tensorrt" else "onnxruntime_onnx"
-    return {"name": art.name, "versions": ["1"], "platform": platform,
-            "inputs": [{"name": art.input_name, "datatype": "FP32", "shape": [-1, 3, crop, crop]}],
-            "outputs": [{"name": art.output_name, "datatype": "FP32", "shape": [-1, art.num_classes]}]}
+    return {"name": art.name, "versions": ["1"], "platform": _platform(state)[0],
+            "inputs": [{"name": art.input_name, "datatype": codec.DATATYPE, "shape": [-1, 3, crop, crop]}],
+            "outputs": [{"name": art.output_name, "datatype": codec.DATATYPE, "shape": [-1, art.num_classes]}]}
+
+
+def _platform(state: ServerState) -> tuple[str, str]:
+    if state.engine and state.engine.info.backend == "tensorrt":
+        return "tensorrt_plan", "tensorrt"
+    return "onnxruntime_onnx", "onnxruntime"
+
+
+def model_config(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
+    """Triton's JSON form of config.pbtxt, from model.json and what is running: ``max_batch_size`` is the
+    most images one request may carry; the engine's batch sizes are the preferred batch sizes."""
+    s, info = state.settings, state.engine.info if state.engine else None
+    platform, backend = _platform(state)
+    gpu = bool(info and info.device == "cuda")
+    return {
+        "name": art.name, "platform": platform, "backend": backend, "runtime": "",
+        "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": s.max_queue,
+        "input": [{"name": art.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
+                   "dims": [3, art.preprocess.crop, art.preprocess.crop], "is_shape_tensor": False,
+                   "allow_ragged_batch": False, "optional": False, "is_non_linear_format_io": False}],
+        "output": [{"name": art.output_name, "data_type": "TYPE_FP32", "dims": [art.num_classes],
+                    "label_filename": "", "is_shape_tensor": False, "is_non_linear_format_io": False}],
+        "batch_input": [], "batch_output": [],
+        "dynamic_batching": {"preferred_batch_size": info.batch_sizes if info else [],
+                             "max_queue_delay_microseconds": int(s.max_wait_ms * 1000), "preserve_ordering": False,
+                             "priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {}},
+        "instance_group": [{"name": art.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",
+                            "count": s.resolved_inference_threads(), "gpus": [0] if gpu else [],
+                            "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
+        "default_model_filename": "model.plan" if backend == "tensorrt" else art.onnx_file,
+        "cc_model_filenames": {}, "metric_tags": {}, "parameters": {}, "model_warmup": []}
 
 
 @router.get("/models/{name}", responses=_MODEL_ERRORS)
@@ -191,6 +180,14 @@ async def model_metadata(request: Request, name: str, version: str | None = None
     return _metadata(state, _model(state, name, version))
 
 
+@router.get("/models/{name}/config", responses=_MODEL_ERRORS)
+@router.get("/models/{name}/versions/{version}/config", responses=_MODEL_ERRORS)
+async def get_model_config(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
+    """Triton's model configuration extension (the JSON form of config.pbtxt)."""
+    state = get_state(request)
+    return model_config(state, _model(state, name, version))
+
+
 @router.get("/models/{name}/ready", responses={**_MODEL_ERRORS, **_READY_503})
 @router.get("/models/{name}/versions/{version}/ready", responses={**_MODEL_ERRORS, **_READY_503})
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
@@ -198,6 +195,32 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
     state = get_state(request)
     _model(state, name, version)
     return JSONResponse({"name": name, "ready": state.ready}, status_code=200 if state.ready else 503)
+
+
+@router.post("/repository/index", responses=v2_error_responses(401))
+async def repository_index(request: Request) -> list[dict[str, str]]:
+    """Triton's model repository extension: the served model and its state."""
+    state = get_state(request)
+    if state.art is None:
+        return []
+    reason = "" if state.ready else (state.failure or "warming up")
+    return [{"name": state.art.name, "version": "1", "state": "READY" if state.ready else "UNAVAILABLE",
+             "reason": reason}]
+
+
+@router.post("/repository/models/{name}/load", responses=v2_error_responses(400, 401, 404))
+async def load_model(request: Request, name: str) -> dict[str, Any]:
+    """Loading the served model is a no-op (it is loaded at startup); others are 404."""
+    _model(get_state(request), name)
+    return {}
+
+
+@router.post("/repository/models/{name}/unload", responses=v2_error_responses(400, 401, 404))
+async def unload_model(request: Request, name: str) -> dict[str, Any]:
+    """Refused: the server serves one model for its whole life (restart it to change the model)."""
+    _model(get_state(request), name)
+    raise APIError(400, "unsupported", f"explicit model unload is not allowed: irpe serve serves {name!r} for "
+                   "its whole life; stop the server (or scale the deployment) instead")
 
 
 @router.post("/models/{name}/infer", responses=_INFER_ERRORS)

@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from .errors import error_body
+from .errors import error_body_for
 from .state import ServerState
 
 log = logging.getLogger("irpe.server")
@@ -82,8 +82,8 @@ class ObserveMiddleware:
                             "localhost / 127.0.0.1 / [::1])"))
         elif key and scope["path"] not in HEALTH_PATHS and not _authorized(scope, key):
             status[0] = 401
-            await send_json(send, 401, error_body("unauthorized", "missing or wrong API key; send "
-                            "'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})
+            await send_json(send, 401, error_body_for(scope["path"], "unauthorized", "missing or wrong API key; "
+                            "send 'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})
         else:
             await self._call(scope, receive, send, status)
         m = self.state.metrics
@@ -110,5 +110,5 @@ class ObserveMiddleware:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             status[0] = 500
             if not started:
-                await send_json(send, 500, error_body("internal_error", "unexpected server error; "
-                                "it has been logged"))
+                await send_json(send, 500, error_body_for(scope["path"], "internal_error", "unexpected server "
+                                "error; it has been logged"))

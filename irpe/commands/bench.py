@@ -10,6 +10,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     bsub = p.add_subparsers(dest="bench", required=True)
     add_export_bench(bsub)
     add_serve_bench(bsub)
+    add_latency_bench(bsub)
 
 
 def add_export_bench(bsub: argparse._SubParsersAction) -> None:
@@ -60,6 +61,28 @@ def add_serve_bench(bsub: argparse._SubParsersAction) -> None:
         if not levels or min(levels) < 1 or args.requests < 1:
             raise ValueError("--concurrency needs positive integers and --requests must be >= 1")
         run_bench(args.artifact, args.requests, levels, tuple(args.server_arg))
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def add_latency_bench(bsub: argparse._SubParsersAction) -> None:
+    """``irpe bench latency``: /v2 infer p50 at concurrency 1 vs the raw engine's batch-1 latency, and req/s."""
+    p = bsub.add_parser("latency", help="what batching adds to a lone request; optionally vs a baseline server")
+    p.add_argument("--artifact", help="artifact directory (default: export DeiT-Tiny iRPE-K, random weights)")
+    p.add_argument("--requests", type=int, default=200, help="requests per concurrency level and server")
+    p.add_argument("--concurrency", default="1,32", help="comma list of client counts")
+    p.add_argument("--baseline-pythonpath", help="PYTHONPATH of another irpe import tree to serve side by side")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
+
+    def run(args: argparse.Namespace) -> int:
+        """Parse the levels and run the latency benchmark."""
+        from irpe.benchmarks.latency import run_latency
+
+        levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
+        if not levels or min(levels) < 1 or args.requests < 1:
+            raise ValueError("--concurrency needs positive integers and --requests must be >= 1")
+        run_latency(args.artifact, args.requests, levels, args.baseline_pythonpath, tuple(args.server_arg))
         return 0
 
     p.set_defaults(func=run)

@@ -1,153 +1,285 @@
-"""Open Inference Protocol (KServe v2 / Triton HTTP) endpoints, JSON and binary tensor data."""
+"""Open Inference Protocol conformance, proven by NVIDIA's and KServe's own clients against a real
+``irpe serve`` process on 127.0.0.1: tritonclient.http (sync and aio) and kserve's InferenceRESTClient
+for every route and every error (each exception is printed: an unprintable error is a failure)."""
 
 from __future__ import annotations
 
-import json
+import asyncio
+import gzip
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import tritonclient.http as triton
+import tritonclient.http.aio as triton_aio
+from tritonclient.utils import InferenceServerException
 
+from tests.reliability.procs import ServerProcess, server_env, serving, start_server
 from tests.server.helpers import LABELS, expected_logits
 
 MODEL = "tiny-mean"
+MAX_QUEUE = 8
 
 
-def _images(n: int = 2) -> np.ndarray:
-    return np.random.default_rng(7).standard_normal((n, 3, 32, 32), dtype=np.float32)
+@pytest.fixture(scope="module")
+def server(tiny_artifact: Path) -> Iterator[ServerProcess]:
+    with serving(tiny_artifact, "--max-wait-ms", "2", "--max-body-mb", "1", "--max-queue", str(MAX_QUEUE)) as proc:
+        yield proc
 
 
-def test_health_and_metadata(server_url: str) -> None:
-    assert httpx.get(server_url + "/v2/health/live").status_code == 200
-    assert httpx.get(server_url + "/v2/health/ready").json() == {"ready": True}
-    assert "classification" in httpx.get(server_url + "/v2").json()["extensions"]
-    meta = httpx.get(f"{server_url}/v2/models/{MODEL}").json()
-    assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
-    assert meta["outputs"][0]["shape"] == [-1, 10] and meta["platform"] == "onnxruntime_onnx"
-    assert httpx.get(f"{server_url}/v2/models/{MODEL}/versions/1").json()["name"] == MODEL
-    assert httpx.get(f"{server_url}/v2/models/{MODEL}/ready").json()["ready"] is True
-    missing = httpx.get(server_url + "/v2/models/nope")
-    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
+    c = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    yield c
+    c.close()
 
 
-def test_infer_json(server_url: str) -> None:
+def _images(n: int = 2, seed: int = 7) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 3, 32, 32), dtype=np.float32)
+
+
+def _input(x: np.ndarray, binary: bool = True, datatype: str = "FP32") -> triton.InferInput:
+    i = triton.InferInput("images", list(x.shape), datatype)
+    i.set_data_from_numpy(x, binary_data=binary)
+    return i
+
+
+def _error(call: object, status: int, *needles: str) -> str:
+    """Run ``call``; it must raise InferenceServerException with ``status``; print and return its text."""
+    with pytest.raises(InferenceServerException) as info:
+        call()  # type: ignore[operator]
+    text = str(info.value)  # must not raise (it did when the body was {"error": {...}})
+    print(f"{status}: {text}")
+    assert info.value.status() == str(status), text
+    for needle in needles:
+        assert needle in text, text
+    return text
+
+
+def test_health_metadata_config_and_repository(client: triton.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    assert client.is_model_ready(MODEL, "1")
+    meta = client.get_server_metadata()
+    assert {"classification", "binary_tensor_data", "model_configuration", "statistics"} <= set(meta["extensions"])
+    model = client.get_model_metadata(MODEL)
+    assert model["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
+    assert model["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    assert client.get_model_metadata(MODEL, "1") == model
+    config = client.get_model_config(MODEL)
+    assert config == client.get_model_config(MODEL, "1")
+    assert config["max_batch_size"] == MAX_QUEUE and config["platform"] == "onnxruntime_onnx"
+    assert config["input"][0]["dims"] == [3, 32, 32] and config["input"][0]["data_type"] == "TYPE_FP32"
+    assert config["output"][0]["dims"] == [10]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert config["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4]
+    assert client.get_model_repository_index() == [{"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
+    client.load_model(MODEL)  # already loaded: a no-op
+
+
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize("compression", [None, "gzip", "deflate"])
+def test_infer_every_wire_format(client: triton.InferenceServerClient, binary: bool, compression: str | None) -> None:
     x = _images()
-    req = {"id": "r1", "inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32",
-                                   "data": x.reshape(-1).tolist()}]}
-    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", json=req)
-    assert r.status_code == 200
-    body = r.json()
-    assert body["id"] == "r1" and body["model_name"] == MODEL
-    out = body["outputs"][0]
-    assert out["name"] == "logits" and out["shape"] == [2, 10] and out["datatype"] == "FP32"
-    assert np.allclose(np.array(out["data"]).reshape(2, 10), expected_logits(x), atol=1e-4)
+    out = triton.InferRequestedOutput("logits", binary_data=binary)
+    r = client.infer(MODEL, [_input(x, binary)], outputs=[out], request_id="r-1", model_version="1",
+                     request_compression_algorithm=compression, response_compression_algorithm=compression)
+    assert np.allclose(r.as_numpy("logits"), expected_logits(x), atol=1e-4)
+    assert r.get_response()["id"] == "r-1" and r.get_response()["model_name"] == MODEL
 
 
-def test_infer_classification_extension(server_url: str) -> None:
+def test_request_level_binary_data_output_and_id_always_present(client: triton.InferenceServerClient) -> None:
+    """No outputs listed: tritonclient asks for ``binary_data_output: true``; the answer must be binary."""
     x = _images(3)
-    req = {"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}],
-           "outputs": [{"name": "logits", "parameters": {"classification": 2}}]}
-    out = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", json=req).json()["outputs"][0]
-    assert out["datatype"] == "BYTES" and out["shape"] == [3, 2]
-    want = expected_logits(x)
-    for n in range(3):
-        for rank in range(2):
-            score, index, label = out["data"][n * 2 + rank].split(":")
-            assert int(index) == int(np.argsort(-want[n])[rank]) and label == LABELS[int(index)]
-            assert abs(float(score) - want[n, int(index)]) < 1e-4
+    r = client.infer(MODEL, [_input(x, binary=False)])
+    out = r.get_response()["outputs"][0]
+    assert "data" not in out and out["parameters"]["binary_data_size"] == 3 * 10 * 4
+    assert np.allclose(r.as_numpy("logits"), expected_logits(x), atol=1e-4)
+    assert r.get_response()["id"]  # the server's request id when the client sent none
 
 
-def test_infer_binary_tensor_extension(server_url: str) -> None:
-    """The wire format tritonclient.http uses by default (binary input and output)."""
-    x = _images()
-    header = json.dumps({"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
-    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", content=header + x.tobytes(),
-                   headers={"Inference-Header-Content-Length": str(len(header)),
-                            "Content-Type": "application/octet-stream"})
-    assert r.status_code == 200
-    split = int(r.headers["inference-header-content-length"])
-    head = json.loads(r.content[:split])
-    size = head["outputs"][0]["parameters"]["binary_data_size"]
-    logits = np.frombuffer(r.content[split:split + size], dtype=np.float32).reshape(2, 10)
-    assert np.allclose(logits, expected_logits(x), atol=1e-4)
+def test_classification_extension(client: triton.InferenceServerClient) -> None:
+    x = _images(3)
+    for binary in (True, False):
+        out = triton.InferRequestedOutput("logits", binary_data=binary, class_count=2)
+        got = client.infer(MODEL, [_input(x)], outputs=[out]).as_numpy("logits")
+        assert got.shape == (3, 2)
+        want = expected_logits(x)
+        for n in range(3):
+            for rank in range(2):
+                value = got[n, rank]  # bytes from the binary form, str from JSON (as with Triton)
+                score, index, label = (value.decode() if isinstance(value, bytes) else value).split(":")
+                assert int(index) == int(np.argsort(-want[n])[rank]) and label == LABELS[int(index)]
+                assert abs(float(score) - want[n, int(index)]) < 1e-4
 
 
-def test_infer_bad_input(server_url: str) -> None:
-    url = f"{server_url}/v2/models/{MODEL}/infer"
-    bad_shape = {"inputs": [{"name": "images", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192}]}
-    short = {"inputs": [{"name": "images", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0] * 5}]}
-    for req in (bad_shape, short, {"nothing": 1}):
-        r = httpx.post(url, json=req)
-        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_input")
-    assert httpx.post(url, content=b"{not json").status_code == 400
+def test_statistics_come_from_the_batcher(client: triton.InferenceServerClient) -> None:
+    before = client.get_inference_statistics(MODEL)["model_stats"][0]
+    client.infer(MODEL, [_input(_images(2))])
+    stats = client.get_inference_statistics(MODEL, "1")["model_stats"][0]
+    assert client.get_inference_statistics()["model_stats"][0]["name"] == MODEL
+    assert stats["inference_count"] == before["inference_count"] + 2
+    assert stats["execution_count"] >= before["execution_count"] + 1
+    infer = stats["inference_stats"]
+    assert infer["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
+    assert infer["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]
+    assert infer["queue"]["count"] == stats["inference_count"]
+    assert sum(b["compute_infer"]["count"] for b in stats["batch_stats"]) == stats["execution_count"]
 
 
-def _strict_json(text: bytes) -> object:
-    """json.loads that refuses the NaN / Infinity / -Infinity tokens Python's json accepts by default."""
-    def refuse(token: str) -> None:
-        raise AssertionError(f"bare {token} in a response body")
-    return json.loads(text, parse_constant=refuse)
-
-
-def _infer_json_text(x: np.ndarray, datatype: str = "FP32") -> bytes:
-    """A JSON infer request; non-finite values become the (non-standard) NaN/Infinity tokens."""
-    req = {"inputs": [{"name": "images", "shape": list(x.shape), "datatype": datatype,
-                       "data": x.reshape(-1).astype(np.float64).tolist()}]}
-    return json.dumps(req, allow_nan=True).encode()
-
-
-def _infer_binary(x: np.ndarray, datatype: str = "FP32") -> tuple[bytes, dict[str, str]]:
-    header = json.dumps({"inputs": [{"name": "images", "shape": list(x.shape), "datatype": datatype,
-                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()
-    return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+def test_every_error_is_printable_with_its_status(client: triton.InferenceServerClient) -> None:
+    x = _images(1)
+    _error(lambda: client.get_model_metadata("nope"), 404, "unknown model", "nope")
+    _error(lambda: client.get_model_metadata(MODEL, "2"), 404, "version 2")
+    _error(lambda: client.get_model_config("nope"), 404, "nope")
+    _error(lambda: client.get_inference_statistics("nope"), 404, "nope")
+    assert not client.is_model_ready("nope")
+    _error(lambda: client.infer("nope", [_input(x)]), 404, "nope")
+    _error(lambda: client.load_model("nope"), 404, "nope")
+    _error(lambda: client.unload_model(MODEL), 400, "unload is not allowed")
+    _error(lambda: client.get_trace_settings(), 404, "no such route")
+    for datatype in ("FP16", "FP64", "INT64"):
+        data = x.astype({"FP16": np.float16, "FP64": np.float64, "INT64": np.int64}[datatype])
+        _error(lambda d=data, t=datatype: client.infer(MODEL, [_input(d, datatype=t)]), 400, datatype, "expects 'FP32'")
+    _error(lambda: client.infer(MODEL, [_input(np.zeros((1, 3, 16, 16), np.float32))]), 400, "shape")
+    bad = triton.InferInput("pixels", [1, 3, 32, 32], "FP32")
+    bad.set_data_from_numpy(x)
+    _error(lambda: client.infer(MODEL, [bad]), 400, "pixels")
+    _error(lambda: client.infer(MODEL, [_input(x)], outputs=[triton.InferRequestedOutput("probs")]), 400, "probs")
+    twice = [triton.InferRequestedOutput("logits", class_count=3)] * 2
+    _error(lambda: client.infer(MODEL, [_input(x)], outputs=twice), 400, "requested once")
+    _error(lambda: client.infer(MODEL, [_input(_images(MAX_QUEUE + 1))]), 413, "limit is 8")
+    _error(lambda: client.infer(MODEL, [_input(np.zeros((100, 3, 32, 32), np.float32))]), 413, "1048576")
+    bomb = np.zeros((100, 3, 32, 32), np.float32)  # 1.2 MB inflated from ~1 KB of gzip: over the 1 MB limit
+    _error(lambda: client.infer(MODEL, [_input(bomb)], request_compression_algorithm="gzip"), 413, "inflates")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-@pytest.mark.parametrize("wire", ["json", "binary"])
-def test_non_finite_input_is_400_invalid_input(server_url: str, bad: float, wire: str) -> None:
+@pytest.mark.parametrize("binary", [True, False])
+def test_non_finite_input_is_refused(client: triton.InferenceServerClient, bad: float, binary: bool) -> None:
+    """Policy: NaN/Inf inputs are a 400 (binary: counted; JSON: the NaN/Infinity tokens are not JSON)."""
     x = _images(2)
     x[1, 2, 5, 7] = bad
-    body, headers = (_infer_json_text(x), {}) if wire == "json" else _infer_binary(x)
-    assert (b"NaN" in body or b"Infinity" in body) == (wire == "json")  # the request really carries it
-    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", content=body, headers=headers)
-    assert r.status_code == 400, r.text
-    body_json = _strict_json(r.content)
-    assert body_json["error"]["code"] == "invalid_input" and "non-finite" in body_json["error"]["message"]
+    _error(lambda: client.infer(MODEL, [_input(x, binary)]), 400, "non-finite" if binary else "not JSON")
 
 
-@pytest.mark.parametrize("wire", ["json", "binary"])
-def test_fp64_beyond_fp32_range_is_refused(server_url: str, wire: str) -> None:
-    x = np.zeros((1, 3, 32, 32), dtype=np.float64)
-    x[0, 0, 0, 0] = 1e300  # finite in FP64, +inf once cast to FP32
-    body, headers = (_infer_json_text(x, "FP64"), {}) if wire == "json" else _infer_binary(x, "FP64")
-    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", content=body, headers=headers)
-    assert (r.status_code, _strict_json(r.content)["error"]["code"]) == (400, "invalid_input")
-
-
-@pytest.mark.parametrize("classification", [0, 3])
-@pytest.mark.parametrize("wire", ["json", "binary"])
-def test_overflowing_output_never_leaks_nan(server_url: str, wire: str, classification: int) -> None:
+@pytest.mark.parametrize("class_count", [0, 3])
+def test_overflowing_output_is_refused_not_leaked(client: triton.InferenceServerClient, class_count: int) -> None:
     """Finite FP32 input whose mean overflows inside the model: a 400, never NaN/Infinity in the body."""
     x = np.full((1, 3, 32, 32), 3e38, dtype=np.float32)
-    body, headers = (_infer_json_text(x), {}) if wire == "json" else _infer_binary(x)
-    if classification:
-        req = json.loads(body[:int(headers.get("Inference-Header-Content-Length", len(body)))])
-        req["outputs"] = [{"name": "logits", "parameters": {"classification": classification}}]
-        head = json.dumps(req).encode()
-        body = head + body[len(body) - x.nbytes:] if headers else head
-        headers = {"Inference-Header-Content-Length": str(len(head))} if headers else {}
-    r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", content=body, headers=headers)
-    answer = _strict_json(r.content)
-    assert r.status_code == 400 and "outputs" not in answer and answer["error"]["code"] == "invalid_input"
+    out = triton.InferRequestedOutput("logits", binary_data=False, class_count=class_count)
+    _error(lambda: client.infer(MODEL, [_input(x, binary=False)], outputs=[out]), 400, "not finite")
 
 
-def test_finite_answers_are_strict_json(server_url: str) -> None:
-    x = _images(2) * 1e3
-    for classification in (0, 2):
-        req = json.loads(_infer_json_text(x))
-        req["outputs"] = [{"name": "logits", "parameters": {"classification": classification}}]
-        r = httpx.post(f"{server_url}/v2/models/{MODEL}/infer", json=req)
-        assert r.status_code == 200
-        assert _strict_json(r.content)["outputs"][0]["shape"][0] == 2
+def test_aio_client_routes_errors_and_concurrency(server: ServerProcess) -> None:
+    async def main() -> None:
+        async with triton_aio.InferenceServerClient(server.url.removeprefix("http://")) as c:
+            assert await c.is_server_live() and await c.is_server_ready() and await c.is_model_ready(MODEL)
+            assert (await c.get_model_config(MODEL))["max_batch_size"] == MAX_QUEUE
+            assert (await c.get_model_repository_index())[0]["state"] == "READY"
+            assert (await c.get_inference_statistics(MODEL))["model_stats"][0]["name"] == MODEL
+            xs = [_images(1, seed=s) for s in range(MAX_QUEUE)]  # more could meet a full queue (503)
+            results = await asyncio.gather(*(c.infer(MODEL, [_input(x)], request_compression_algorithm="gzip",
+                                                     response_compression_algorithm="gzip") for x in xs))
+            for x, r in zip(xs, results, strict=True):
+                assert np.allclose(r.as_numpy("logits"), expected_logits(x), atol=1e-4)
+            with pytest.raises(InferenceServerException) as info:
+                await c.infer(MODEL, [_input(_images(1).astype(np.float16), datatype="FP16")])
+            print(f"aio 400: {info.value}")
+            assert info.value.status() == "400" and "expects 'FP32'" in str(info.value)
+            with pytest.raises(InferenceServerException) as info:
+                await c.get_model_metadata("nope")
+            print(f"aio 404: {info.value}")
+            assert info.value.status() == "404" and "nope" in str(info.value)
+
+    asyncio.run(main())
+
+
+def test_kserve_client(server: ServerProcess) -> None:
+    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+
+    async def main() -> None:
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
+        try:
+            assert await client.is_server_live(server.url) and await client.is_server_ready(server.url)
+            assert await client.is_model_ready(server.url, MODEL)
+            assert not await client.is_model_ready(server.url, "nope")
+            x = _images(2)
+            for binary in (True, False):
+                inp = InferInput("images", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x, binary_data=binary)
+                res = await client.infer(server.url, InferRequest(MODEL, [inp], request_id="k-1"), model_name=MODEL)
+                assert res.id == "k-1" and res.model_name == MODEL
+                assert np.allclose(res.outputs[0].as_numpy(), expected_logits(x), atol=1e-4)
+            bad = InferInput("images", [1, 3, 32, 32], "FP64")
+            bad.set_data_from_numpy(np.zeros((1, 3, 32, 32)), binary_data=True)
+            for model, req, needle in ((MODEL, InferRequest(MODEL, [bad]), "expects 'FP32'"),
+                                       ("nope", InferRequest("nope", [inp]), "unknown model")):
+                with pytest.raises(httpx.HTTPStatusError) as info:
+                    await client.infer(server.url, req, model_name=model)
+                print(f"kserve: {info.value}")
+                assert needle in str(info.value)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    listing = httpx.get(server.url + "/v2/models").json()  # KServe's list route (no client method for it)
+    assert listing == {"models": [MODEL]}
+
+
+def test_gzip_bomb_is_413_with_bounded_memory(server: ServerProcess) -> None:
+    """A 64 MB-of-zeros gzip body (~64 KB on the wire) stops inflating at the 1 MB body limit."""
+    bomb = gzip.compress(b"\0" * (64 << 20), compresslevel=9)
+    rss = server.rss_mb()
+    r = httpx.post(f"{server.url}/v2/models/{MODEL}/infer", content=bomb, headers={"content-encoding": "gzip"})
+    assert r.status_code == 413 and "inflates" in r.json()["error"], r.text
+    assert server.rss_mb() - rss < 30
+
+
+def test_api_key_through_the_clients(tiny_artifact: Path) -> None:
+    """With IRPE_API_KEY: tritonclient and kserve send the key as a header; without it a printable 401."""
+    proc = start_server(tiny_artifact, "--max-wait-ms", "2", env=server_env(IRPE_API_KEY="s3cret"))
+    c = triton.InferenceServerClient(proc.url.removeprefix("http://"))
+    try:
+        _error(lambda: c.get_model_metadata(MODEL), 401, "API key")
+        _error(lambda: c.infer(MODEL, [_input(_images(1))]), 401, "Authorization: Bearer")
+        x = _images(1)
+        r = c.infer(MODEL, [_input(x)], headers={"Authorization": "Bearer s3cret"})
+        assert np.allclose(r.as_numpy("logits"), expected_logits(x), atol=1e-4)
+    finally:
+        c.close()
+        proc.stop()
+
+
+def test_overload_deadline_and_internal_errors_are_printable(tmp_path: Path) -> None:
+    """503 (queue full), 504 (deadline) and 500 (engine failure) through tritonclient.http.aio."""
+    from tests.server.helpers import make_failing_artifact
+    from tests.server.test_batching import make_slow_artifact
+
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=60)  # each engine call ~1.5 s
+    with serving(slow, "--max-batch", "1", "--max-queue", "1", "--inference-threads", "1", "--timeout-s", "0.8") as p:
+        async def main() -> list[object]:
+            async with triton_aio.InferenceServerClient(p.url.removeprefix("http://")) as c:
+                first = asyncio.ensure_future(c.infer("slow", [_input(_images(1))]))  # runs, then 504
+                await asyncio.sleep(0.3)
+                second = asyncio.ensure_future(c.infer("slow", [_input(_images(1))]))  # queued
+                await asyncio.sleep(0.2)
+                third = c.infer("slow", [_input(_images(1))])  # queue full
+                return await asyncio.gather(first, second, third, return_exceptions=True)
+
+        outcomes = asyncio.run(main())
+    for e in outcomes:
+        print(f"overload: {e}")
+    assert all(isinstance(e, InferenceServerException) for e in outcomes), outcomes
+    statuses = sorted(e.status() for e in outcomes)  # type: ignore[union-attr]
+    assert statuses == ["503", "504", "504"], statuses
+    assert any("queue is full" in str(e) for e in outcomes) and any("--timeout-s" in str(e) for e in outcomes)
+    with serving(make_failing_artifact(tmp_path / "failing"), "--max-wait-ms", "1") as p:
+        c = triton.InferenceServerClient(p.url.removeprefix("http://"))
+        try:
+            _error(lambda: c.infer("failing", [_input(np.ones((1, 3, 32, 32), np.float32))]), 500, "logged")
+            after = c.infer("failing", [_input(np.zeros((1, 3, 32, 32), np.float32))])  # the server carries on
+            assert after.as_numpy("logits").shape == (1, 10)
+        finally:
+            c.close()

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run NVIDIA's perf_analyzer (PyPI `perf-analyzer`, unchanged) against `irpe serve`.
+#
+# The PyPI wheel is built for glibc 2.38 (manylinux_2_38); Debian 12 has 2.36. So it runs in a podman
+# container made from a Debian trixie rootfs (debootstrap, no registry needed), sharing the host network.
+# The image is built once and reused (IRPE_PA_IMAGE); the wheel is fetched with the host's pip.
+#
+# Usage: scripts/perf-analyzer.sh [perf_analyzer args...]
+#   scripts/perf-analyzer.sh -m deit_tiny -u 127.0.0.1:8000 --input-data zero --concurrency-range 1:32:31
+# Needs root, podman, runc, debootstrap; /etc/containers/containers.conf with
+#   [containers]
+#   default_ulimits = []
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version="${PERF_ANALYZER_VERSION:-2.60.0}"
+image="${IRPE_PA_IMAGE:-localhost/irpe-perf-analyzer:$version}"
+suite="${IRPE_PA_SUITE:-trixie}"
+mirror="${IRPE_PA_MIRROR:-http://deb.debian.org/debian}"
+podman=(podman --runtime runc)
+
+if ! grep -qs '^default_ulimits *= *\[\]' /etc/containers/containers.conf; then
+  echo "perf-analyzer.sh: /etc/containers/containers.conf needs '[containers]' / 'default_ulimits = []'" >&2
+  exit 2
+fi
+
+if ! "${podman[@]}" image exists "$image"; then
+  work="$(mktemp -d /var/tmp/irpe-pa.XXXXXX)"
+  trap 'rm -rf "$work"' EXIT
+  echo "building $image: debootstrap $suite (a few minutes, once) ..." >&2
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates "$suite" "$work/root" "$mirror" \
+    > "$work/debootstrap.log" 2>&1 || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+  mkdir -p "$work/wheels"
+  "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_38_x86_64 \
+    --python-version 3.13 -d "$work/wheels" "perf-analyzer==$version"
+  tar -C "$work/root" -c . | "${podman[@]}" import - "$image-base" > /dev/null
+  "${podman[@]}" run --name irpe-pa-build -v "$work/wheels:/wheels:ro" "$image-base" \
+    sh -c 'python3 -m venv /opt/pa && /opt/pa/bin/pip install -q --no-index /wheels/perf_analyzer-*.whl'
+  "${podman[@]}" commit irpe-pa-build "$image" > /dev/null
+  "${podman[@]}" rm irpe-pa-build > /dev/null
+  "${podman[@]}" rmi "$image-base" > /dev/null
+fi
+
+exec "${podman[@]}" run --rm --network host "$image" /opt/pa/bin/perf_analyzer "$@"

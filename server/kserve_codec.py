@@ -1,0 +1,250 @@
+"""The Open Inference Protocol's wire format: request parsing, response rendering, HTTP compression.
+
+Every check happens before the work it guards, so a request costs at most what its size allows:
+strict JSON (no ``NaN``/``Infinity`` constants, integers of at most 20 digits, ASCII-digit header
+lengths), exactly the datatype the metadata declares (FP32), at most one output entry per model output
+(a repeated output is refused, not rendered again), and an inflated body never larger than the body
+limit. Any violation is a :class:`ProtocolError` (HTTP 400 or 413); nothing here raises anything else.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+
+from irpe.artifact import ModelArtifact
+
+from .errors import APIError
+
+DATATYPE = "FP32"
+MAX_INT_DIGITS = 20  # any count or size that fits an int64; longer integers are refused before int()
+_ITEM = 4  # bytes per FP32
+
+
+_CODES = {400: "invalid_input", 413: "payload_too_large", 415: "unsupported_media_type"}
+
+
+class ProtocolError(APIError):
+    """A request the protocol refuses: HTTP ``status`` (400, 413 or 415) and a message."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(status, _CODES[status], message)
+
+
+def _refuse_constant(token: str) -> float:
+    raise ProtocolError(f"request JSON contains {token}, which is not JSON; send finite numbers")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ProtocolError(f"request JSON has an integer of {len(text)} digits; at most {MAX_INT_DIGITS} allowed")
+    return int(text)
+
+
+def loads(raw: bytes) -> Any:
+    """Strict JSON: refuses NaN/Infinity and integers over 20 digits (400, never 500)."""
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant, parse_int=_bounded_int)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ProtocolError(f"request header is not valid JSON ({str(e)[:200]})") from None
+
+
+def header_length(value: str | None, body_size: int) -> int:
+    """``Inference-Header-Content-Length``: ASCII digits, at most the body size; absent means all JSON."""
+    if value is None:
+        return body_size
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= MAX_INT_DIGITS):
+        raise ProtocolError(f"Inference-Header-Content-Length must be a byte count in ASCII digits, got {value!r}")
+    size = int(text)
+    if size > body_size:
+        raise ProtocolError(f"Inference-Header-Content-Length {size} exceeds the body's {body_size} bytes")
+    return size
+
+
+def _count(value: object, what: str) -> int:
+    if type(value) is not int or value < 0:  # bool, float (1e999), string: refused
+        raise ProtocolError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    params = obj.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ProtocolError(f"{where}.parameters must be an object, got {params!r}")
+    return params
+
+
+def _flag(params: dict[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{where}.parameters.{key} must be true or false, got {value!r}")
+    return value
+
+
+def parse_request(header: bytes, art: ModelArtifact) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request object and its one input spec, validated against the model metadata."""
+    req = loads(header)
+    if not isinstance(req, dict):
+        raise ProtocolError("request must be a JSON object with 'inputs'")
+    if "id" in req and not isinstance(req["id"], str):
+        raise ProtocolError(f"request id must be a string, got {type(req['id']).__name__}")
+    _parameters(req, "request")
+    inputs = req.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise ProtocolError(f"expected exactly one input {art.input_name!r}")
+    spec = inputs[0]
+    if spec.get("name") != art.input_name:
+        raise ProtocolError(f"unexpected inference input {spec.get('name')!r} for model {art.name!r}; "
+                            f"the model has {art.input_name!r}")
+    if spec.get("datatype") != DATATYPE:
+        raise ProtocolError(f"inference input {art.input_name!r} data-type is {spec.get('datatype')!r}, "
+                            f"but model {art.name!r} expects {DATATYPE!r}")
+    want = [3, art.preprocess.crop, art.preprocess.crop]
+    shape = spec.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 4 and shape[1:] == want and type(shape[0]) is int
+            and shape[0] >= 1 and all(type(d) is int for d in shape)):
+        raise ProtocolError(f"unexpected shape for input {art.input_name!r} for model {art.name!r}: expected "
+                            f"[N,{want[0]},{want[1]},{want[2]}] with N >= 1, got {shape}")
+    _parameters(spec, "input")
+    return req, spec
+
+
+def input_array(spec: dict[str, Any], body: bytes, offset: int, max_images: int) -> np.ndarray:
+    """The ``images`` tensor from JSON ``data`` or binary data after the header; finite FP32 only, at most
+    ``max_images`` (413; checked once the data matches the shape, so a wrong shape stays a 400)."""
+    shape = spec["shape"]
+    want_bytes = math.prod(shape) * _ITEM  # Python ints: no int64 wrap-around for a 20-digit N
+    params = _parameters(spec, "input")
+    if "binary_data_size" in params:
+        size = _count(params["binary_data_size"], "binary_data_size")
+        if size != want_bytes or offset + size > len(body):
+            raise ProtocolError(f"input {spec['name']!r}: binary_data_size {size} must equal {want_bytes} "
+                                f"(shape {shape}, FP32) and fit the {len(body) - offset} bytes after the header")
+        images = np.frombuffer(body, dtype="<f4", count=size // _ITEM, offset=offset).reshape(shape)
+    else:
+        images = _json_data(spec.get("data"), shape, want_bytes // _ITEM)
+    if shape[0] > max_images:
+        raise ProtocolError(f"{shape[0]} images in one request; the limit is {max_images} (the model "
+                            "config's max_batch_size, --max-queue)", 413)
+    if not np.isfinite(images).all():
+        raise ProtocolError(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or "
+                            "+-Inf, or beyond the FP32 range); this server accepts finite numbers only")
+    return images
+
+
+def _json_data(data: object, shape: list[int], count: int) -> np.ndarray:
+    if not isinstance(data, list):
+        raise ProtocolError("input needs 'data' (a list of numbers) or parameters.binary_data_size")
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise ProtocolError(f"input data is not a (nested) list of numbers ({str(e)[:120]})") from None
+    if arr.dtype.kind not in "iuf" or arr.size != count:
+        raise ProtocolError(f"input data must hold {count} numbers for shape {shape}, got {arr.size} of "
+                            f"kind {arr.dtype.name}")
+    with np.errstate(over="ignore"):  # beyond the FP32 range becomes inf, refused by the caller
+        return arr.astype(np.float32).reshape(shape)
+
+
+def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[tuple[int, bool]]:
+    """(classification k, binary) per requested output: at most one entry per model output (H1)."""
+    default_binary = _flag(_parameters(req, "request"), "binary_data_output", "request")
+    wanted = req.get("outputs")
+    if wanted is None or wanted == []:  # none listed: every model output, with the request's default
+        return [(0, default_binary)]
+    if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
+        raise ProtocolError(f'outputs must be a list of objects like {{"name": "{art.output_name}"}}')
+    if len(wanted) > 1:
+        raise ProtocolError(f"{len(wanted)} outputs requested; model {art.name!r} has one output "
+                            f"{art.output_name!r}, which may be requested once")
+    out = []
+    for o in wanted:
+        if o.get("name") != art.output_name:
+            raise ProtocolError(f"unexpected inference output {o.get('name')!r} for model {art.name!r}; "
+                                f"the model has {art.output_name!r}")
+        params = _parameters(o, "output")
+        k = _count(params.get("classification", 0), "output parameters.classification")
+        out.append((min(k, art.num_classes), _flag(params, "binary_data", "output", default_binary)))
+    return out
+
+
+def _classes(logits: np.ndarray, k: int, labels: list[str]) -> list[str]:
+    order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    return [f"{logits[n, i]:f}:{i}:{labels[i]}" for n in range(len(logits)) for i in order[n]]
+
+
+def _bytes_tensor(strings: list[str]) -> bytes:
+    return b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in strings))
+
+
+def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelArtifact) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header length when binary outputs follow it."""
+    head: dict[str, Any] = {"model_name": art.name, "model_version": "1", "id": req.get("id") or request_id,
+                            "outputs": []}
+    blobs = []
+    for k, binary in requested_outputs(req, art):
+        if k:
+            out: dict[str, Any] = {"name": art.output_name, "datatype": "BYTES", "shape": [len(logits), k]}
+            strings = _classes(logits, k, art.labels)
+            blob, data = (_bytes_tensor(strings), None) if binary else (b"", strings)
+        else:
+            out = {"name": art.output_name, "datatype": DATATYPE, "shape": list(logits.shape)}
+            flat = np.ascontiguousarray(logits, dtype="<f4")
+            blob, data = (flat.tobytes(), None) if binary else (b"", flat.reshape(-1).tolist())
+        if binary:
+            out["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            out["data"] = data
+        head["outputs"].append(out)
+    text = json.dumps(head, allow_nan=False).encode()
+    return (text + b"".join(blobs), len(text)) if blobs else (text, None)
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """Decode a ``Content-Encoding: gzip|deflate|identity`` body; 413 once the output passes ``limit``."""
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc not in ("gzip", "x-gzip", "deflate"):
+        raise ProtocolError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none", 415)
+    for wbits in ((31,) if enc != "deflate" else (15, -15)):  # deflate: zlib stream, or raw as some send it
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit or d.unconsumed_tail:
+            raise ProtocolError(f"request body inflates to more than {limit} bytes (--max-body-mb)", 413)
+        if not d.eof:
+            raise ProtocolError(f"truncated {enc} request body")
+        return out
+    raise ProtocolError(f"request body is not valid {enc} data")
+
+
+def negotiate(accept: str | None) -> str | None:
+    """The response encoding for an ``Accept-Encoding`` header: gzip, deflate or None."""
+    if not accept:
+        return None
+    weights = {}
+    for part in accept.lower().split(","):
+        name, _, q = part.strip().partition(";")
+        try:
+            weights[name.strip()] = float(q.strip()[2:]) if q.strip().startswith("q=") else 1.0
+        except ValueError:
+            weights[name.strip()] = 0.0
+    usable = [(w, name) for name, w in weights.items() if name in ("gzip", "deflate") and 0 < w <= 1]
+    return max(usable)[1] if usable else None
+
+
+def compress(body: bytes, encoding: str) -> bytes:
+    """gzip or deflate (zlib stream, as HTTP's ``deflate`` means) at a fast level."""
+    return gzip.compress(body, compresslevel=1) if encoding == "gzip" else zlib.compress(body, 1)

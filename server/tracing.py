@@ -1,0 +1,154 @@
+"""Request ids, W3C trace context and OpenTelemetry spans for every HTTP request (pure ASGI middleware).
+
+- ``X-Request-Id``: taken from the request when it is a short printable token, else a new one; echoed on
+  the response, put in ``request.state.request_id`` (the /v2 ``id`` when the client sent none) and in the
+  access log line (logger ``irpe.access``, INFO).
+- ``traceparent``: a valid incoming W3C header makes this request's span a child of the caller's; the
+  response carries ``traceparent`` with the same trace id and this server's span id (``tracestate`` is
+  passed through). Without one, a new trace starts.
+- With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set and the ``[otel]``
+  extra installed, each request is a SERVER span exported by OpenTelemetry's OTLP/HTTP exporter (batched;
+  ``OTEL_SERVICE_NAME`` defaults to ``irpe-deploy``). Without the extra, a warning names the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("irpe.server")
+access = logging.getLogger("irpe.access")
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+Scope = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TraceParent:
+    """A parsed W3C ``traceparent`` (lower-case hex)."""
+
+    trace_id: str
+    span_id: str
+    flags: str = "01"
+
+    def header(self) -> str:
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+
+def parse_traceparent(value: str | None) -> TraceParent | None:
+    """The caller's trace context, or None when absent or invalid (then a new trace starts)."""
+    m = _TRACEPARENT.match((value or "").strip())
+    if not m:
+        return None
+    version, trace_id, span_id, flags, rest = m.groups()
+    if version == "ff" or (version == "00" and rest) or set(trace_id) == {"0"} or set(span_id) == {"0"}:
+        return None
+    return TraceParent(trace_id, span_id, flags)
+
+
+def request_id_from(value: str | None) -> str:
+    """The client's ``X-Request-Id`` when it is a short printable token, else a new random one."""
+    value = (value or "").strip()
+    return value if _REQUEST_ID.match(value) else secrets.token_hex(16)
+
+
+def otlp_tracer() -> Any:
+    """An OpenTelemetry tracer exporting over OTLP/HTTP when an endpoint is configured, else None."""
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return None
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed; no spans are "
+                    "exported (pip install 'irpe-deploy[otel]')")
+        return None
+    import irpe
+
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "irpe-deploy"),
+                                "service.version": irpe.__version__})
+    provider = TracerProvider(resource=resource)  # shuts down (flushing spans) at interpreter exit
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    log.info("exporting request spans over OTLP/HTTP")
+    return provider.get_tracer("irpe.server")
+
+
+def _start_span(tracer: Any, name: str, parent: TraceParent | None, attributes: dict[str, Any]) -> Any:
+    from opentelemetry import trace
+
+    context = None
+    if parent is not None:
+        remote = trace.SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
+                                   trace_flags=trace.TraceFlags(int(parent.flags, 16)))
+        context = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    return tracer.start_span(name, context=context, kind=trace.SpanKind.SERVER, attributes=attributes)
+
+
+class TraceMiddleware:
+    """Outermost middleware: request id, trace context, access log line and (optionally) an OTLP span."""
+
+    def __init__(self, app: Any, tracer: Any = None):
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        headers = {k: v.decode("latin-1") for k, v in scope.get("headers", ()) if k in
+                   (b"traceparent", b"tracestate", b"x-request-id")}
+        parent = parse_traceparent(headers.get(b"traceparent"))
+        request_id = request_id_from(headers.get(b"x-request-id"))
+        scope.setdefault("state", {})["request_id"] = request_id
+        span = None
+        if self.tracer is not None:
+            span = _start_span(self.tracer, f"{scope['method']} {scope['path']}", parent,
+                               {"http.request.method": scope["method"], "url.path": scope["path"],
+                                "irpe.request_id": request_id})
+            ctx = span.get_span_context()
+            mine = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{int(ctx.trace_flags):02x}")
+        else:
+            mine = TraceParent(parent.trace_id if parent else secrets.token_hex(16), secrets.token_hex(8),
+                               parent.flags if parent else "01")
+        extra = [(b"x-request-id", request_id.encode()), (b"traceparent", mine.header().encode())]
+        if b"tracestate" in headers and parent is not None:
+            extra.append((b"tracestate", headers[b"tracestate"].encode("latin-1")))
+        status = [0]
+
+        async def traced_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, traced_send)
+        finally:
+            self._finish(scope, span, status[0] or 500, start, request_id, mine)
+
+    @staticmethod
+    def _finish(scope: Scope, span: Any, status: int, start: float, request_id: str, mine: TraceParent) -> None:
+        ms = (time.perf_counter() - start) * 1e3
+        client = scope.get("client") or ("-", 0)
+        access.info('%s "%s %s" %d %.1fms request_id=%s trace_id=%s', client[0], scope["method"], scope["path"],
+                    status, ms, request_id, mine.trace_id)
+        if span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            route = getattr(scope.get("route"), "path", None)
+            if route:
+                span.update_name(f"{scope['method']} {route}")
+                span.set_attribute("http.route", route)
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
