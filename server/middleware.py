@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from .errors import error_body_for
+from .errors import error_body, error_body_for
 from .state import ServerState
 
 log = logging.getLogger("irpe.server")

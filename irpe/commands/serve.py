@@ -41,6 +41,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="decode JPEGs at a reduced DCT scale >= the resize size (faster, not bit-exact; "
                    "default off)")
     _add_limits(p)
+    p.add_argument("--frontends", type=lambda v: -1 if v == "auto" else int(v),
+                   help="HTTP front-end processes (decode + preprocess) on one port feeding one engine process "
+                   "through shared memory; 'auto': one per core (minus one on cpu); default 0: one process")
     p.set_defaults(func=run_serve)
 
 
@@ -72,7 +75,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
-            "jpeg_draft", *LIMIT_KEYS]
+            "jpeg_draft", *LIMIT_KEYS, "frontends"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
     settings.check_exposure()  # before anything else: an exposed server without a key never starts
     load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
