@@ -82,6 +82,8 @@ class EngineServer:
                 task = asyncio.ensure_future(self._reply(array, frame[0], writer))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
+        except asyncio.CancelledError:  # the loop is closing after the drain
+            pass
         finally:
             self.writers.discard(writer)
             writer.close()

@@ -38,11 +38,14 @@ RESTART_BACKOFF_S = 1.0
 
 
 def child_setup(name: str, settings: Settings) -> None:
-    """In a child: die with the supervisor, name the OS threads (``top -H``, CPU accounting), log."""
+    """In a child: its own session (a terminal's Ctrl-C or a group-wide SIGTERM reaches the supervisor
+    only, which stops the front ends before the engine), die with the supervisor, name the OS threads
+    (``top -H``, CPU accounting), log."""
     import ctypes
 
     from .app import configure_logging
 
+    os.setsid()
     try:
         libc = ctypes.CDLL(None)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

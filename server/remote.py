@@ -38,6 +38,7 @@ from .state import ServerState
 from .stats import ModelStats
 
 log = logging.getLogger("irpe.server")
+SLOTS = 64  # images a front end can have handed to the engine at once (more: 503 queue_full); 38 MB at 224 px
 
 
 class EngineGoneError(BatcherStoppedError):
@@ -230,14 +231,18 @@ class FrontendState(ServerState):
     remote: RemoteBatcher | None = None
 
     def load(self) -> None:
-        """Read model.json, start the decode pool and create the shared-memory slots (no engine here)."""
+        """Read model.json, start the decode pool and create the shared-memory slots (no engine here).
+        Once only: the app's lifespan calls it again while ``engine`` is still None."""
+        if self.remote is not None:
+            return
         s = self.settings
         fix_mmap_threshold()
         self.art = load_artifact(Path(s.artifact_dir))
         crop = self.art.preprocess.crop
         self.pool = ThreadPoolExecutor(s.resolved_decode_threads(), thread_name_prefix="irpe-decode")
         self.budget = PixelBudget(s.resolved_max_decode_pixels())
-        self.remote = RemoteBatcher(self.engine_path, SlotPool(s.max_queue, (3, crop, crop)), s.timeout_s)
+        slots = min(s.max_queue, max(SLOTS, 2 * s.resolved_max_batch()))
+        self.remote = RemoteBatcher(self.engine_path, SlotPool(slots, (3, crop, crop)), s.timeout_s)
         self.batcher = self.remote  # type: ignore[assignment]
 
     def warm(self) -> None:
