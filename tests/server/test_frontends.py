@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import httpx
@@ -145,7 +145,7 @@ def test_sigterm_loses_nothing(tiny_artifact: Path) -> None:
 
         with ThreadPoolExecutor(16) as ex:
             futures = [ex.submit(post, c) for c in clients]
-            time.sleep(0.5)  # every request is being decoded or queued
+            wait(futures, return_when=FIRST_COMPLETED)  # the others are being decoded (one thread per process)
             proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             answers, finished = zip(*(f.result() for f in futures), strict=True)
@@ -153,7 +153,7 @@ def test_sigterm_loses_nothing(tiny_artifact: Path) -> None:
     finally:
         output = _stop(proc)
     assert [r.status_code for r in answers] == [200] * 16, output
-    assert max(finished) > signalled  # some were still in flight when the signal came
+    assert sum(t > signalled for t in finished) >= 8  # most were still in flight when the signal came
     assert code == 0, output
 
 
