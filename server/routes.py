@@ -58,12 +58,13 @@ def top_k(logits: np.ndarray, k: int, labels: list[str]) -> list[dict[str, Any]]
     z = logits.astype(np.float64)
     p = np.exp(z - z.max())
     p /= p.sum()
-    if k < len(p):  # the k largest in O(n), then ordered as a stable argsort of -p would order them
+    if k < len(p) > 256:  # the k largest in O(n), then ordered as a stable argsort of -p would order them
+        # (for a few hundred classes or fewer the plain argsort below is cheaper than partition + lexsort)
         kth = np.partition(p, len(p) - k)[len(p) - k]
         cand = np.flatnonzero(p >= kth)
         order = cand[np.lexsort((cand, -p[cand]))][:k]
     else:
-        order = np.argsort(-p, kind="stable")
+        order = np.argsort(-p, kind="stable")[:k]
     return [{"index": int(i), "label": labels[i], "probability": float(p[i])} for i in order]
 
 
