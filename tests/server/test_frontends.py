@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from irpe.benchmarks.frontend import tree_pids
-from tests.server.helpers import encode, free_port, image, running_server, wait_ready
+from tests.server.helpers import CROP, encode, expected_logits, free_port, image, running_server, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,6 +85,16 @@ def test_same_answers_as_one_process(tiny_artifact: Path, frontends: tuple[str, 
                                                         ("file", ("b.png", blobs[1], "image/png"))], timeout=30)
     assert [p[0]["index"] for p in many.json()["predictions"]] == \
         [one[0].json()["predictions"][0][0]["index"], one[1].json()["predictions"][0][0]["index"]]
+
+
+def test_v2_infer_through_the_engine_process(frontends: tuple[str, subprocess.Popen]) -> None:
+    url, _ = frontends
+    x = np.random.default_rng(0).standard_normal((2, 3, CROP, CROP)).astype(np.float32)
+    body = {"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    r = httpx.post(url + "/v2/models/tiny-mean/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(np.array(r.json()["outputs"][0]["data"]).reshape(2, -1), expected_logits(x),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_metrics_add_up_every_process(frontends: tuple[str, subprocess.Popen]) -> None:
