@@ -115,7 +115,7 @@ def serve(settings: Settings) -> None:
     if settings.frontends:  # N HTTP processes + one engine process (issue 13)
         from .frontends import serve_frontends
 
-        code = serve_frontends(settings, settings.frontends if settings.frontends > 0 else 0)
+        code = serve_frontends(settings, settings.frontends)
         if code:
             raise SystemExit(code)
         return

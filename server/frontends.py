@@ -194,12 +194,16 @@ class Supervisor:
 
 
 def serve_frontends(settings: Settings, frontends: int) -> int:
-    """Run the supervisor until SIGTERM/SIGINT; returns the exit code (1 when the engine died)."""
+    """Run the supervisor until SIGTERM/SIGINT; returns the exit code (1 when the engine died).
+    ``frontends``: the number of front-end processes, -1 for :func:`default_frontends`."""
+    if frontends < -1 or frontends == 0:
+        raise SystemExit(f"irpe serve: error: --frontends {frontends}: give a count >= 1 or 'auto'")
     workdir = Path(tempfile.mkdtemp(prefix="irpe-serve-"))
     metrics_dir = workdir / "metrics"
     metrics_dir.mkdir()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)  # inherited by every child (spawned)
     try:
-        return Supervisor(settings, frontends or default_frontends(settings), workdir).run()
+        n = default_frontends(settings) if frontends == -1 else frontends
+        return Supervisor(settings, n, workdir).run()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
