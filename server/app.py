@@ -51,13 +51,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("batcher drained; bye")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app for ``settings`` (default: from ``IRPE_*`` environment variables)."""
+def create_app(settings: Settings | None = None, state: ServerState | None = None) -> FastAPI:
+    """Build the app for ``settings`` (default: from ``IRPE_*`` environment variables); ``state``: another
+    ServerState (a front end of ``--frontends``, :mod:`.remote`)."""
     settings = settings or Settings.from_env()
     app = FastAPI(title="irpe-deploy", version=irpe.__version__, lifespan=_lifespan,
                   description="Image classification with iRPE vision transformers. POST an image to "
                   "/classify; KServe v2 / Triton clients use /v2.")
-    app.state.irpe = ServerState(settings)
+    app.state.irpe = state or ServerState(settings)
     install_error_handlers(app)
     app.add_middleware(ObserveMiddleware, state=app.state.irpe)
     app.add_middleware(TraceMiddleware, tracer=otlp_tracer())  # outermost: request id + trace on every answer
@@ -110,6 +111,13 @@ def serve(settings: Settings) -> None:
     except ValueError as e:
         raise SystemExit(f"irpe serve: error: {e}") from None
     configure_logging(settings)
+    if settings.frontends:  # N HTTP processes + one engine process (issue 13)
+        from .frontends import serve_frontends
+
+        code = serve_frontends(settings, settings.frontends)
+        if code:
+            raise SystemExit(code)
+        return
     if settings.workers > 1:
         os.environ.update(settings.to_env())
         _run_workers(settings)

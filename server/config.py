@@ -47,6 +47,7 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 256
     allowed_hosts: str = ""
+    frontends: int = 0  # HTTP front-end processes feeding one engine process; 0: one process, -1: auto
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

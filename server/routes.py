@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel
@@ -57,12 +58,13 @@ def top_k(logits: np.ndarray, k: int, labels: list[str]) -> list[dict[str, Any]]
     z = logits.astype(np.float64)
     p = np.exp(z - z.max())
     p /= p.sum()
-    if k < len(p):  # the k largest in O(n), then ordered as a stable argsort of -p would order them
+    if k < len(p) > 256:  # the k largest in O(n), then ordered as a stable argsort of -p would order them
+        # (for a few hundred classes or fewer the plain argsort below is cheaper than partition + lexsort)
         kth = np.partition(p, len(p) - k)[len(p) - k]
         cand = np.flatnonzero(p >= kth)
         order = cand[np.lexsort((cand, -p[cand]))][:k]
     else:
-        order = np.argsort(-p, kind="stable")
+        order = np.argsort(-p, kind="stable")[:k]
     return [{"index": int(i), "label": labels[i], "probability": float(p[i])} for i in order]
 
 
@@ -77,7 +79,7 @@ def _timing(decode_s: float, results: list[Result], started: float) -> dict[str,
              responses={200: {"model": ClassifyResponse},
                         **error_responses(400, 401, 413, 415, 422, 500, 503, 504)}, tags=["classify"])
 async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
-                                                          description="classes per image")) -> JSONResponse:
+                                                          description="classes per image")) -> Response:
     """Classify one or several images (multipart field ``file``, repeatable, or a raw image body)."""
     started = time.perf_counter()
     state = get_state(request)
@@ -101,9 +103,13 @@ async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
         log.error("model %s produced non-finite logits on /classify", art.name)
         raise APIError(500, "non_finite_output", "the model produced NaN/Inf logits for this image")
     preds = [top_k(r.logits, top_k_, art.labels) for r in results]
-    return JSONResponse({"model": art.name, "predictions": preds,
-                         "timing_ms": _timing(decode_s, results, started),
-                         "batch_size": max(r.batch_size for r in results)})
+    return fast_json({"model": art.name, "predictions": preds, "timing_ms": _timing(decode_s, results, started),
+                      "batch_size": max(r.batch_size for r in results)})
+
+
+def fast_json(body: dict[str, Any]) -> Response:
+    """A JSON response serialised by orjson (~10x cheaper than json.dumps for /classify's answer)."""
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def model_metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:

@@ -97,9 +97,12 @@ def add_serve_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, default=256, help="requests per concurrency level")
     p.add_argument("--concurrency", default="1,8,32", help="comma list of client counts")
     p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
+    _add_frontend_options(p)
 
     def run(args: argparse.Namespace) -> int:
         """Parse the levels and run the serving benchmark."""
+        if args.frontend:
+            return _run_frontend(args)
         from irpe.benchmarks.serve import run_bench
 
         levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
@@ -151,3 +154,29 @@ def add_digits_bench(bsub: argparse._SubParsersAction) -> None:
         return 1 if any(f.mismatches for f in table.values()) else 0
 
     p.set_defaults(func=run)
+
+
+def _add_frontend_options(p: argparse.ArgumentParser) -> None:
+    """``irpe bench serve --frontend`` (issue 13): CPU-ms per request, old path vs 1..N front ends."""
+    p.add_argument("--frontend", action="store_true", help="CPU-ms/request and req/s per thread kind: one "
+                   "process vs --frontends 1..N (default artifact: the near-free model)")
+    p.add_argument("--frontends", default="1,2", help="with --frontend: comma list of front-end counts")
+    p.add_argument("--images-per-request", default="1,4", help="with --frontend: comma list (cost per image)")
+    p.add_argument("--baseline-pythonpath", help="with --frontend: another irpe import tree, served beside")
+
+
+def _run_frontend(args: argparse.Namespace) -> int:
+    from irpe.benchmarks.frontend import run_frontend_bench
+    from irpe.commands import CLIError
+
+    try:
+        counts = [int(n) for n in args.frontends.split(",") if n.strip()]
+        images = [int(n) for n in args.images_per_request.split(",") if n.strip()]
+        conc = max(int(c) for c in args.concurrency.split(",") if c.strip())
+    except ValueError:
+        raise CLIError("--frontends, --images-per-request and --concurrency take comma lists of integers") from None
+    if min(counts + images + [conc, args.requests]) < 0 or min(images + [conc, args.requests]) < 1:
+        raise CLIError("--frontends must be >= 0; --images-per-request, --concurrency, --requests >= 1")
+    run_frontend_bench(args.artifact, args.requests, conc, counts, args.baseline_pythonpath, images,
+                       tuple(args.server_arg))
+    return 0

@@ -47,6 +47,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="decode JPEGs at a reduced DCT scale >= the resize size (faster, not bit-exact; "
                    "default off)")
     _add_limits(p)
+    p.add_argument("--frontends", type=lambda v: -1 if v == "auto" else int(v),
+                   help="HTTP front-end processes (decode + preprocess) on one port feeding one engine process "
+                   "through shared memory; 'auto': one per core (minus one on cpu); default 0: one process")
     p.set_defaults(func=run_serve)
 
 
@@ -79,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
-            "jpeg_draft", "precision", *LIMIT_KEYS]
+            "jpeg_draft", "precision", *LIMIT_KEYS, "frontends"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
     settings.check_exposure()  # before anything else: an exposed server without a key never starts
     settings.artifact_dir = str(resolve_artifact_dir(settings.artifact_dir))  # 'digits': the shipped model

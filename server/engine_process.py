@@ -1,0 +1,140 @@
+"""The engine process of ``irpe serve --frontends N``: one model, one batcher, one device context.
+
+Front-end processes connect over a Unix socket, say where their shared-memory image slots are
+(:mod:`.shm`), then send ``{"id", "slots"}`` frames; each becomes one :meth:`Batcher.submit` of the slot
+views (the batcher stacks them straight from shared memory) and is answered with the logits as raw bytes,
+or an error code (``queue_full`` with its Retry-After, ``shutting_down``, ``not_ready``, ``timeout``,
+``internal``). Status frames (``op: status``) tell every front end when warm-up is done or failed.
+On SIGTERM the socket closes and the batcher drains what is queued before the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from irpe.artifact import ArtifactError
+
+from .batching import BatcherStoppedError, QueueFullError
+from .config import Settings
+from .engine import EngineError
+from .shm import attach, pack, read_frame
+from .state import ServerState
+
+log = logging.getLogger("irpe.server")
+
+
+def status(state: ServerState) -> dict[str, Any]:
+    """What a front end needs to know about the engine: readiness, failure, engine facts."""
+    info = asdict(state.engine.info) if state.engine is not None else None
+    return {"op": "status", "ready": state.ready, "failure": state.failure, "info": info}
+
+
+async def answer(state: ServerState, array: np.ndarray, head: dict[str, Any]) -> bytes:
+    """Run one front-end request through the batcher; the reply frame."""
+    rid = head["id"]
+    try:
+        if not state.ready or state.batcher is None:
+            return pack({"id": rid, "err": "not_ready", "msg": state.failure or "engine is warming up"})
+        views = [array[i] for i in head["slots"]]
+        left = float(head.get("timeout", state.settings.timeout_s))
+        results = await asyncio.wait_for(state.batcher.submit(views), max(left, 0.001))
+    except QueueFullError as e:
+        return pack({"id": rid, "err": "queue_full", "msg": str(e), "retry": e.retry_after})
+    except BatcherStoppedError as e:
+        return pack({"id": rid, "err": "shutting_down", "msg": str(e)})
+    except asyncio.TimeoutError:
+        return pack({"id": rid, "err": "timeout", "msg": "engine deadline passed"})
+    except Exception as e:  # an inference failure: the front end answers 500, the engine keeps serving
+        return pack({"id": rid, "err": "internal", "msg": f"{type(e).__name__}: {e}"[:500]})
+    logits = np.stack([r.logits for r in results]).astype(np.float32, copy=False)
+    return pack({"id": rid, "q": [r.queue_s for r in results], "i": [r.inference_s for r in results],
+                 "b": [r.batch_size for r in results], "n": int(logits.shape[1])}, logits.tobytes())
+
+
+class EngineServer:
+    """The Unix-socket server around a loaded :class:`ServerState`."""
+
+    def __init__(self, state: ServerState, path: str):
+        self.state, self.path = state, path
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.tasks: set[asyncio.Task] = set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One front end: hello (its slots), then requests until it hangs up."""
+        hello = await read_frame(reader)
+        if hello is None:
+            writer.close()
+            return
+        shm, array = attach(hello[0])
+        writer.write(pack(status(self.state)))
+        self.writers.add(writer)
+        log.info("front end pid %s connected (%d slots)", hello[0].get("pid"), array.shape[0])
+        try:
+            while (frame := await read_frame(reader)) is not None:
+                task = asyncio.ensure_future(self._reply(array, frame[0], writer))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        except asyncio.CancelledError:  # the loop is closing after the drain
+            pass
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+            del array
+            with contextlib.suppress(BufferError):  # views still queued keep the mapping until collected
+                shm.close()
+
+    async def _reply(self, array: np.ndarray, head: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        frame = await answer(self.state, array, head)
+        if not writer.is_closing():
+            writer.write(frame)
+
+    def broadcast(self) -> None:
+        """Send the current status to every connected front end."""
+        frame = pack(status(self.state))
+        for w in list(self.writers):
+            if not w.is_closing():
+                w.write(frame)
+
+    async def run(self) -> None:
+        """Serve until SIGTERM/SIGINT, warming up meanwhile; then drain."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        server = await asyncio.start_unix_server(self.handle, self.path)
+        await asyncio.to_thread(self.state.warm)
+        self.broadcast()
+        await stop.wait()
+        log.info("engine: stopping; draining %d queued image(s)", self.state.batcher.depth if self.state.batcher else 0)
+        server.close()
+        await asyncio.to_thread(self.state.shutdown)  # queued images still run and are answered
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=5)
+        for w in list(self.writers):
+            with contextlib.suppress(Exception):
+                await w.drain()
+
+
+def engine_main(settings: Settings, path: str) -> None:
+    """Process entry point (spawned by :func:`~.frontends.serve_frontends`); exits 3 when the model
+    cannot be loaded."""
+    from .frontends import child_setup
+
+    child_setup("irpe-engine", settings)
+    started = time.perf_counter()
+    state = ServerState(settings)
+    try:
+        state.load()
+    except (ArtifactError, EngineError) as e:
+        log.error("engine: cannot load the model: %s", e)
+        raise SystemExit(3) from None
+    log.info("engine: model loaded in %.2fs; socket %s", time.perf_counter() - started, path)
+    asyncio.run(EngineServer(state, path).run())

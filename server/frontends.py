@@ -1,0 +1,209 @@
+"""``irpe serve --frontends N``: N HTTP front-end processes on one port feeding one engine process.
+
+The supervisor (this process) binds the listening socket once and hands it to every front end (they all
+accept on it; the kernel spreads connections), starts the engine process (:mod:`.engine_process`: the
+model, the one batcher, the one device context) and N front ends (uvicorn + decode + preprocess, handing
+images over through shared memory, :mod:`.remote`). It then watches them:
+
+* a front end that dies is restarted (its in-flight requests are lost with it; the others keep serving);
+* the engine dying makes every front end's /readyz answer 503 at once; the supervisor then stops the
+  front ends and exits 1;
+* SIGTERM/SIGINT: the front ends stop accepting and finish their requests (uvicorn's graceful shutdown),
+  then the engine drains its queue; exit 0.
+
+``/metrics`` on any front end adds up every process (prometheus_client multiprocess mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from .config import Settings
+
+log = logging.getLogger("irpe.server")
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+RESTART_BACKOFF_S = 1.0
+
+
+def child_setup(name: str, settings: Settings) -> None:
+    """In a child: its own session (a terminal's Ctrl-C or a group-wide SIGTERM reaches the supervisor
+    only, which stops the front ends before the engine), die with the supervisor, name the OS threads
+    (``top -H``, CPU accounting), log."""
+    import ctypes
+
+    from .app import configure_logging
+
+    os.setsid()
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+        original = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+        def named(self: threading.Thread) -> None:
+            libc.prctl(_PR_SET_NAME, ctypes.c_char_p(self.name.encode()[:15]), 0, 0, 0)
+            original(self)
+
+        threading.Thread._bootstrap_inner = named  # type: ignore[attr-defined]
+    except (OSError, AttributeError):  # not Linux: no parent-death signal, no thread names
+        pass
+    configure_logging(settings)
+
+
+def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, index: int) -> None:
+    """Front-end process entry point: uvicorn on the shared socket, a FrontendState inside."""
+    import uvicorn
+
+    from .app import create_app, uvicorn_config_kwargs
+    from .remote import FrontendState, MultiprocessMetrics
+
+    child_setup(f"irpe-frontend{index}", settings)
+    state = FrontendState(settings, metrics=MultiprocessMetrics(), engine_path=engine_path)
+    app = create_app(settings, state=state)
+    state.load()
+    config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def default_frontends(settings: Settings) -> int:
+    """Enough front ends to keep the engine busy: one per usable core, minus one for the engine on a CPU."""
+    from .config import usable_cpus
+
+    cores = usable_cpus()
+    return max(1, cores if settings.device == "cuda" else cores - 1)
+
+
+def bind(settings: Settings) -> socket.socket:
+    """The listening socket every front end accepts on."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host.strip("[]"), settings.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class Supervisor:
+    """Starts, watches and stops the engine and the front ends (see the module docstring)."""
+
+    def __init__(self, settings: Settings, frontends: int, workdir: Path):
+        self.settings, self.n = settings, frontends
+        self.ctx = multiprocessing.get_context("spawn")
+        self.engine_path = str(workdir / "engine.sock")
+        self.sock = bind(settings)
+        self.engine: BaseProcess | None = None
+        self.fronts: list[BaseProcess | None] = [None] * frontends
+        self.started: list[float] = [0.0] * frontends
+        self.stopping = False
+        self.wake_r, self.wake_w = os.pipe()
+
+    def _start_engine(self) -> None:
+        from .engine_process import engine_main
+
+        self.engine = self.ctx.Process(target=engine_main, args=(self.settings, self.engine_path),
+                                       name="irpe-engine", daemon=False)
+        self.engine.start()
+
+    def _start_frontend(self, i: int) -> None:
+        p = self.ctx.Process(target=frontend_main, args=(self.settings, self.sock, self.engine_path, i),
+                             name=f"irpe-frontend-{i}", daemon=False)
+        p.start()
+        self.fronts[i], self.started[i] = p, time.monotonic()
+
+    def _signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+        os.write(self.wake_w, b"x")
+
+    def run(self) -> int:
+        """Start everything, watch until SIGTERM/SIGINT or the engine dies; the exit code."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._signal)
+        self._start_engine()
+        for i in range(self.n):
+            self._start_frontend(i)
+        log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
+                 self.settings.host, self.settings.port, self.n, self.engine.pid if self.engine else "?")
+        code = self._watch()
+        self.sock.close()  # the front ends close theirs as they stop: new connections are refused, not queued
+        self._stop_frontends()
+        self._stop_engine()
+        if code == 0 and self.engine is not None and self.engine.exitcode not in (0, -signal.SIGTERM, None):
+            code = 1
+        return code
+
+    def _watch(self) -> int:
+        assert self.engine is not None
+        while not self.stopping:
+            sentinels = [self.engine.sentinel] + [p.sentinel for p in self.fronts if p is not None]
+            wait([*sentinels, self.wake_r], timeout=1.0)
+            if self.stopping:
+                return 0
+            if not self.engine.is_alive():
+                log.error("the engine process exited with code %s; stopping the front ends and exiting",
+                          self.engine.exitcode)
+                time.sleep(0.5)  # the front ends' /readyz already answers 503
+                code = self.engine.exitcode
+                return code if code and code > 0 else 1  # 3: the model could not be loaded
+            for i, p in enumerate(self.fronts):
+                if p is not None and not p.is_alive():
+                    self._restart(i, p)
+        return 0
+
+    def _restart(self, i: int, p: BaseProcess) -> None:
+        log.error("front end %d (pid %s) exited with code %s; restarting it", i, p.pid, p.exitcode)
+        from prometheus_client import multiprocess
+
+        if p.pid is not None:
+            multiprocess.mark_process_dead(p.pid)
+        if time.monotonic() - self.started[i] < RESTART_BACKOFF_S:
+            time.sleep(RESTART_BACKOFF_S)  # a crash loop does not spin the supervisor
+        self._start_frontend(i)
+
+    def _stop_frontends(self) -> None:
+        alive = [p for p in self.fronts if p is not None and p.is_alive()]
+        for p in alive:
+            os.kill(p.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        for p in alive:
+            p.join(self.settings.timeout_s + 15)
+            if p.is_alive():
+                log.warning("front end pid %s did not stop in time; killing it", p.pid)
+                p.kill()
+                p.join()
+
+    def _stop_engine(self) -> None:
+        if self.engine is None or not self.engine.is_alive():
+            return
+        os.kill(self.engine.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        self.engine.join(self.settings.timeout_s + 15)
+        if self.engine.is_alive():
+            self.engine.kill()
+            self.engine.join()
+
+
+def serve_frontends(settings: Settings, frontends: int) -> int:
+    """Run the supervisor until SIGTERM/SIGINT; returns the exit code (1 when the engine died).
+    ``frontends``: the number of front-end processes, -1 for :func:`default_frontends`."""
+    if frontends < -1 or frontends == 0:
+        raise SystemExit(f"irpe serve: error: --frontends {frontends}: give a count >= 1 or 'auto'")
+    workdir = Path(tempfile.mkdtemp(prefix="irpe-serve-"))
+    metrics_dir = workdir / "metrics"
+    metrics_dir.mkdir()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)  # inherited by every child (spawned)
+    try:
+        n = default_frontends(settings) if frontends == -1 else frontends
+        return Supervisor(settings, n, workdir).run()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

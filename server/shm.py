@@ -1,0 +1,114 @@
+"""Shared-memory image slots: a front-end process writes preprocessed images, the engine process reads them.
+
+The front end owns a :class:`SlotPool` (one POSIX shared-memory block of ``slots`` images of the model's
+input shape) and hands the engine slot numbers, never pixels: the engine attaches the block once
+(:func:`attach`) and stacks its batches straight from those views. A slot is reused only after the engine
+answered for it. Free slots are a stack, so a lightly loaded server touches only the few pages it reuses.
+Frames on the control socket are ``u32 header length, u32 data length, orjson header, raw data``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+import orjson
+
+_FRAME = struct.Struct("<II")
+
+
+class SlotPool:
+    """``slots`` float32 images of ``shape`` in one shared-memory block (created here, unlinked on close)."""
+
+    def __init__(self, slots: int, shape: tuple[int, ...], dtype: str = "float32"):
+        self.shape, self.dtype, self.slots = tuple(shape), np.dtype(dtype), slots
+        self.item_bytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        self.shm = shared_memory.SharedMemory(create=True, size=max(1, slots * self.item_bytes))
+        self.array = np.ndarray((slots, *self.shape), self.dtype, buffer=self.shm.buf)
+        self._free = list(range(slots - 1, -1, -1))
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def put(self, images: list[np.ndarray]) -> list[int] | None:
+        """Copy ``images`` into free slots (all or none); None when too few are free."""
+        with self._lock:
+            if len(self._free) < len(images):
+                return None
+            taken = [self._free.pop() for _ in images]
+        for slot, x in zip(taken, images, strict=True):
+            self.array[slot] = x
+        return taken
+
+    def release(self, slots: list[int]) -> None:
+        """Give slots back once the engine has answered for them."""
+        with self._lock:
+            self._free.extend(slots)
+
+    def describe(self) -> dict[str, Any]:
+        """What the engine needs to attach the block."""
+        return {"shm": self.name, "slots": self.slots, "shape": list(self.shape), "dtype": self.dtype.name}
+
+    def close(self) -> None:
+        """Unmap and unlink the block."""
+        del self.array
+        self.shm.close()
+        self.shm.unlink()
+
+
+def attach(desc: dict[str, Any]) -> tuple[shared_memory.SharedMemory, np.ndarray]:
+    """The engine side: map a front end's block. The front end owns and unlinks it; Python < 3.13 also
+    registers an attached block with the resource tracker, which the supervisor's children share, so the
+    registration is the same one (a front end killed before unlinking is cleaned up when the tree exits)."""
+    shm = shared_memory.SharedMemory(name=desc["shm"])
+    array = np.ndarray((int(desc["slots"]), *desc["shape"]), np.dtype(desc["dtype"]), buffer=shm.buf)
+    return shm, array
+
+
+def pack(header: dict[str, Any], data: bytes = b"") -> bytes:
+    """One frame."""
+    head = orjson.dumps(header)
+    return _FRAME.pack(len(head), len(data)) + head + data
+
+
+def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes] | None:
+    """Read one frame from a blocking socket; None at EOF."""
+    raw = _recv_exactly(sock, _FRAME.size)
+    if raw is None:
+        return None
+    n_head, n_data = _FRAME.unpack(raw)
+    body = _recv_exactly(sock, n_head + n_data)
+    if body is None:
+        return None
+    return orjson.loads(body[:n_head]), body[n_head:]
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+async def read_frame(reader: Any) -> tuple[dict[str, Any], bytes] | None:
+    """Read one frame from an asyncio StreamReader; None at EOF."""
+    try:
+        raw = await reader.readexactly(_FRAME.size)
+        n_head, n_data = _FRAME.unpack(raw)
+        body = await reader.readexactly(n_head + n_data)
+    except (EOFError, OSError):  # IncompleteReadError is an EOFError
+        return None
+    return orjson.loads(body[:n_head]), body[n_head:]

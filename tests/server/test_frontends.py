@@ -1,0 +1,192 @@
+"""``irpe serve --frontends 2``: two HTTP processes + one engine process, over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from irpe.benchmarks.frontend import tree_pids
+from tests.server.helpers import CROP, encode, expected_logits, free_port, image, running_server, wait_ready
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _serve(artifact: Path, port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "irpe.cli", "serve", str(artifact), "--port", str(port),
+                             "--log-level", "info", "--frontends", "2", *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _children(proc: subprocess.Popen) -> dict[str, int]:
+    """Process name (``irpe-engine``, ``irpe-frontend0``, ...) -> pid, under the supervisor."""
+    out = {}
+    for pid in tree_pids(proc.pid)[1:]:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name.startswith("irpe-"):  # not multiprocessing's resource tracker
+            out[name] = pid
+    return out
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            for pid in reversed(tree_pids(proc.pid)):
+                os.kill(pid, signal.SIGKILL)
+            proc.wait()
+    return proc.stdout.read() if proc.stdout else ""
+
+
+@pytest.fixture(scope="module")
+def frontends(tiny_artifact: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    proc = _serve(tiny_artifact, port, "--max-queue", "4")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout=60)
+        yield url, proc
+    finally:
+        _stop(proc)
+
+
+def _classify(url: str, data: bytes, timeout: float = 30) -> httpx.Response:
+    return httpx.post(url + "/classify?top_k=5", files={"file": ("i.png", data, "image/png")}, timeout=timeout)
+
+
+def test_same_answers_as_one_process(tiny_artifact: Path, frontends: tuple[str, subprocess.Popen]) -> None:
+    url, proc = frontends
+    assert sorted(_children(proc)) == ["irpe-engine", "irpe-frontend0", "irpe-frontend1"]
+    blobs = [encode(image((80 + 7 * i, 60 + 5 * i), seed=i)) for i in range(4)]
+    two = [[_classify(url, b) for b in blobs] for _ in range(3)]  # several connections: both front ends
+    with running_server(tiny_artifact) as single:
+        one = [_classify(single, b) for b in blobs]
+    for answers in two:
+        for a, b in zip(answers, one, strict=True):
+            assert a.status_code == b.status_code == 200
+            pa, pb = a.json()["predictions"][0], b.json()["predictions"][0]
+            assert [p["index"] for p in pa] == [p["index"] for p in pb]
+            np.testing.assert_allclose([p["probability"] for p in pa], [p["probability"] for p in pb], rtol=1e-5)
+    many = httpx.post(url + "/classify?top_k=2", files=[("file", ("a.png", blobs[0], "image/png")),
+                                                        ("file", ("b.png", blobs[1], "image/png"))], timeout=30)
+    assert [p[0]["index"] for p in many.json()["predictions"]] == \
+        [one[0].json()["predictions"][0][0]["index"], one[1].json()["predictions"][0][0]["index"]]
+
+
+def test_v2_infer_through_the_engine_process(frontends: tuple[str, subprocess.Popen]) -> None:
+    url, _ = frontends
+    x = np.random.default_rng(0).standard_normal((2, 3, CROP, CROP)).astype(np.float32)
+    body = {"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    r = httpx.post(url + "/v2/models/tiny-mean/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(np.array(r.json()["outputs"][0]["data"]).reshape(2, -1), expected_logits(x),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_metrics_add_up_every_process(frontends: tuple[str, subprocess.Popen]) -> None:
+    url, _ = frontends
+    before = _count(httpx.get(url + "/metrics").text, "irpe_images_total")
+    with ThreadPoolExecutor(6) as ex:
+        codes = list(ex.map(lambda i: _classify(url, encode(image(seed=i))).status_code, range(12)))
+    text = httpx.get(url + "/metrics").text
+    assert _count(text, "irpe_images_total") - before == codes.count(200) > 0
+    assert _count(text, "irpe_batch_size_count") >= 1  # written by the engine process
+    assert text.count("irpe_ready{") == 3  # one per process
+
+
+def _count(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_overload_gives_only_200_and_503(frontends: tuple[str, subprocess.Popen]) -> None:
+    url, _ = frontends
+    big = encode(image((900, 700), seed=3), "JPEG", quality=95)
+    with ThreadPoolExecutor(24) as ex:
+        answers = list(ex.map(lambda _: _classify(url, big), range(48)))
+    codes = {r.status_code for r in answers}
+    assert codes <= {200, 503} and 200 in codes and 503 in codes, codes
+    busy = [r for r in answers if r.status_code == 503]
+    assert all(int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "queue_full" for r in busy)
+
+
+def test_a_killed_front_end_is_restarted(frontends: tuple[str, subprocess.Popen]) -> None:
+    url, proc = frontends
+    old = _children(proc)
+    os.kill(old["irpe-frontend0"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = _children(proc)
+        if now.get("irpe-frontend0") not in (None, old["irpe-frontend0"]):
+            break
+        time.sleep(0.1)
+    assert now["irpe-frontend0"] != old["irpe-frontend0"] and now["irpe-engine"] == old["irpe-engine"]
+    wait_ready(url, timeout=30)
+    codes: list[int] = []  # until 10 answers in a row are 200: only 503 (the new one warming up) before
+    while codes[-10:] != [200] * 10 and time.monotonic() < deadline + 30:
+        codes.append(_classify(url, encode(image(seed=len(codes)))).status_code)
+    assert codes[-10:] == [200] * 10 and set(codes) <= {200, 503} and proc.poll() is None
+
+
+def test_sigterm_loses_nothing(tiny_artifact: Path) -> None:
+    port = free_port()
+    proc = _serve(tiny_artifact, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout=60)
+        big = encode(image((1600, 1200), seed=5), "JPEG", quality=95)
+        clients = [httpx.Client(base_url=url, timeout=30) for _ in range(16)]
+        for c in clients:  # connections accepted before SIGTERM (later ones are refused, as by one process)
+            assert c.get("/healthz").status_code == 200
+        def post(c: httpx.Client) -> tuple[httpx.Response, float]:
+            return c.post("/classify", files={"file": ("i.jpg", big, "image/jpeg")}), time.monotonic()
+
+        with ThreadPoolExecutor(16) as ex:
+            futures = [ex.submit(post, c) for c in clients]
+            wait(futures, return_when=FIRST_COMPLETED)  # the others are being decoded (one thread per process)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            answers, finished = zip(*(f.result() for f in futures), strict=True)
+        code = proc.wait(60)
+    finally:
+        output = _stop(proc)
+    assert [r.status_code for r in answers] == [200] * 16, output
+    assert sum(t > signalled for t in finished) >= 8  # most were still in flight when the signal came
+    assert code == 0, output
+
+
+def test_a_dead_engine_fails_readyz_and_the_server_exits_non_zero(tiny_artifact: Path) -> None:
+    port = free_port()
+    proc = _serve(tiny_artifact, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout=60)
+        os.kill(_children(proc)["irpe-engine"], signal.SIGKILL)
+        time.sleep(0.2)
+        try:
+            ready = httpx.get(url + "/readyz", timeout=5).status_code
+        except httpx.HTTPError:
+            ready = 0  # already gone: refused
+        code = proc.wait(40)
+    finally:
+        output = _stop(proc)
+    assert ready in (0, 503)
+    assert code == 1 and "the engine process exited" in output, output
+    assert proc.poll() is not None and not _alive_children(proc)
+
+
+def _alive_children(proc: subprocess.Popen) -> list[int]:
+    return [pid for pid in tree_pids(proc.pid)[1:] if Path(f"/proc/{pid}").exists()]
