@@ -57,7 +57,8 @@ class _Item:
     enqueued: float = field(default_factory=time.perf_counter)
 
 
-def _resolve(future: asyncio.Future, value: object, error: BaseException | None) -> None:
+def settle(future: asyncio.Future, value: object, error: BaseException | None) -> None:
+    """Resolve ``future`` with ``value`` (or ``error``) unless it is already done (on its own loop)."""
     if future.done():
         return
     if error is not None:
@@ -68,7 +69,7 @@ def _resolve(future: asyncio.Future, value: object, error: BaseException | None)
 
 def _resolve_all(pairs: list[tuple[asyncio.Future, Result | None]], error: BaseException | None) -> None:
     for future, value in pairs:
-        _resolve(future, value, error)
+        settle(future, value, error)
 
 
 class Batcher:
@@ -208,7 +209,7 @@ class Batcher:
             self._stopping = True
             if not drain:
                 for item in self._queue:
-                    item.loop.call_soon_threadsafe(_resolve, item.future, None,
+                    item.loop.call_soon_threadsafe(settle, item.future, None,
                                                    BatcherStoppedError("server is shutting down"))
                 self._queue.clear()
             self._cond.notify_all()

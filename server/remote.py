@@ -27,7 +27,7 @@ import numpy as np
 
 from irpe.artifact import load_artifact
 
-from .batching import BatcherStoppedError, QueueFullError, Result
+from .batching import BatcherStoppedError, QueueFullError, Result, settle
 from .decode import PixelBudget
 from .engine import EngineInfo
 from .errors import APIError
@@ -139,7 +139,7 @@ class RemoteBatcher:
                 if head.get("op") == "status":
                     self._on_status(head)
                 elif (entry := self._finish(head["id"])) is not None:
-                    entry[0].call_soon_threadsafe(_settle, entry[1], (head, data), None)
+                    entry[0].call_soon_threadsafe(settle, entry[1], (head, data), None)
         except OSError:
             pass
         self._on_gone()
@@ -158,7 +158,7 @@ class RemoteBatcher:
             if entry is not None:
                 error = EngineGoneError("the engine process stopped before answering")
                 try:
-                    entry[0].call_soon_threadsafe(_settle, entry[1], None, error)
+                    entry[0].call_soon_threadsafe(settle, entry[1], None, error)
                 except RuntimeError:  # the loop closed
                     pass
 
@@ -178,15 +178,6 @@ class RemoteBatcher:
             self._sock.close()
         if self._reader is not None:
             self._reader.join(5)
-
-
-def _settle(future: asyncio.Future, value: object, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
 
 
 def _results(head: dict[str, Any], data: bytes) -> list[Result]:
