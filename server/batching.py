@@ -97,6 +97,11 @@ class Batcher:
                          for i in range(max(1, workers))]
 
     @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called (the inference threads then end by design)."""
+        return self._stopping
+
+    @property
     def depth(self) -> int:
         """Images waiting now."""
         return len(self._queue)

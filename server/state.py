@@ -86,6 +86,8 @@ class ServerState:
 
     def check_workers(self) -> None:
         """A ready server whose inference thread died (an error outside the engine call) turns unready."""
+        if self.batcher is None or self.batcher.stopping:  # threads that end on stop() did not die
+            return
         threads = getattr(self.batcher, "_threads", [])
         if self.ready and any(t.ident is not None and not t.is_alive() for t in threads):
             self.ready = False

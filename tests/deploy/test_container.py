@@ -221,8 +221,8 @@ def test_image_healthcheck_succeeds_inside(served: Container, engine: list[str],
 
 
 def test_sigterm_with_requests_in_flight_loses_none(engine: list[str], cpu_image: str, tmp_path: Path) -> None:
-    """One request keeps the engine busy (~1.5 s per call) while the others wait in the queue; SIGTERM then."""
-    slow = make_slow_artifact(tmp_path / "slow", matmuls=60)
+    """One request keeps the engine busy (>= 3 s per call) while the others wait in the queue; SIGTERM then."""
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=300)  # each engine call >= 3 s
     for p in [slow, *slow.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     n = 12

@@ -49,9 +49,9 @@ def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:  # name kep
     return directory
 
 
-def make_slow_artifact(directory: Path, matmuls: int = 30) -> Path:
+def make_slow_artifact(directory: Path, matmuls: int = 100) -> Path:
     """The handmade model plus a chain of ``matmuls`` 1024x1024 MatMuls that depend on the input (about
-    25 ms each on one core, whatever the batch size) and add 0 to the logits: an engine that stays busy."""
+    10 ms each on one idle core, whatever the batch size) and add 0 to the logits: an engine that stays busy."""
     from onnx import TensorProto, helper, numpy_helper, save
 
     d = 1024

@@ -256,7 +256,7 @@ def test_overload_deadline_and_internal_errors_are_printable(tmp_path: Path) -> 
     """503 (queue full), 504 (deadline) and 500 (engine failure) through tritonclient.http.aio."""
     from tests.server.helpers import make_failing_artifact, make_slow_artifact
 
-    slow = make_slow_artifact(tmp_path / "slow", matmuls=60)  # each engine call ~1.5 s
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=300)  # each engine call >= 3 s
     with serving(slow, "--max-batch", "1", "--max-queue", "1", "--inference-threads", "1", "--timeout-s", "0.8") as p:
         async def main() -> list[object]:
             async with triton_aio.InferenceServerClient(p.url.removeprefix("http://")) as c:

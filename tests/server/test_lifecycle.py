@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.helpers import announced_url, encode, image, wait_ready
+from tests.server.helpers import announced_url, encode, image, make_slow_artifact, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "irpe.models", "irpe.export", "irpe.plugins", "irpe.training")
@@ -40,27 +40,33 @@ def queue_depth(url: str) -> float:
     return float(next(line.split()[1] for line in text.splitlines() if line.startswith("irpe_queue_depth ")))
 
 
-def test_server_process_never_imports_torch_and_drains_on_sigterm(tiny_artifact: Path) -> None:
-    proc = _serve(tiny_artifact, "--max-batch", "8", "--max-wait-ms", "3000")
+def test_server_process_never_imports_torch_and_drains_on_sigterm(tmp_path: Path) -> None:
+    """One request keeps the (slow) engine busy, a second waits in the queue; SIGTERM answers both."""
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=300)  # each engine call >= 3 s
+    proc = _serve(slow, "--max-batch", "8", "--max-wait-ms", "3000", "--inference-threads", "1")
     lines: list[str] = []
+    results: list[httpx.Response] = []
     try:
         url = announced_url(proc, lines)  # port 0: the address the server really bound
-        wait_ready(url, timeout=30)
-        result: dict[str, httpx.Response] = {}
-        t = threading.Thread(target=lambda: result.setdefault("r", httpx.post(
-            url + "/classify", content=encode(image()), headers={"content-type": "image/png"}, timeout=20)))
-        t.start()
-        wait_for(lambda: queue_depth(url) == 1, what="the request waiting in the batcher")
+        wait_ready(url, timeout=60)
+        post = {"content": encode(image()), "headers": {"content-type": "image/png"}, "timeout": 60}
+        threads = [threading.Thread(target=lambda: results.append(httpx.post(url + "/classify", **post)))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: queue_depth(url) == 1, what="a request waiting behind the busy engine")
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in maps and "onnxruntime" in maps
         proc.send_signal(signal.SIGTERM)
-        t.join(20)
-        code = proc.wait(20)
+        for t in threads:
+            t.join(60)
+        code = proc.wait(60)
     finally:
         if proc.poll() is None:
             proc.kill()
     output = "".join(lines) + (proc.stdout.read() if proc.stdout else "")
-    assert result["r"].status_code == 200 and len(result["r"].json()["predictions"][0]) == 5
+    assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
+    assert all(len(r.json()["predictions"][0]) == 5 for r in results)
     assert code in (0, -signal.SIGTERM), output  # uvicorn re-raises the signal after a clean shutdown
     assert "Application shutdown complete" in output
     assert "providers in use ['CPUExecutionProvider']" in output and "batcher drained" in output
