@@ -14,15 +14,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import subprocess
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .loadgen import run_load
-from .serve import _free_port, _wait_ready, sample_jpeg
+from .serve import _free_port, sample_jpeg, server_process
 
 NEAR_FREE = "deit_micro_patch4_32_ctx_product_shared_k"
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -102,19 +100,9 @@ def multipart_images(path: str, host: str, data: bytes, images: int) -> bytes:
 @contextlib.contextmanager
 def _started(v: Variant, artifact: Path, port: int, server_args: tuple[str, ...]):  # type: ignore[no-untyped-def]
     script = Path(__file__).with_name("threadnames.py")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **v.env)
-    proc = subprocess.Popen([sys.executable, str(script), "serve", str(artifact), "--port", str(port),
-                             "--log-level", "warning", *server_args, *v.args], env=env, stdout=subprocess.DEVNULL)
-    try:
-        _wait_ready(port, proc)
+    args = [str(script), "serve", str(artifact), "--port", str(port), "--log-level", "warning", *server_args, *v.args]
+    with server_process(args, port, env=v.env, stop_timeout=60) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def bench_frontend(artifact: Path, variants: list[Variant], *, requests: int = 600, concurrency: int = 32,

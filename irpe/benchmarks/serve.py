@@ -152,9 +152,10 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> No
 
 
 @contextlib.contextmanager
-def server_process(args: list[str], port: int) -> Iterator[subprocess.Popen]:
-    """Start ``python args...`` and wait for /readyz; SIGTERM on exit."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def server_process(args: list[str], port: int, env: dict[str, str] | None = None,
+                   stop_timeout: float = 30) -> Iterator[subprocess.Popen]:
+    """Start ``python args...`` (``env`` added to the environment) and wait for /readyz; SIGTERM on exit."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
     try:
         _wait_ready(port, proc)
@@ -162,7 +163,7 @@ def server_process(args: list[str], port: int) -> Iterator[subprocess.Popen]:
     finally:
         proc.terminate()
         try:
-            proc.wait(30)
+            proc.wait(stop_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
