@@ -27,17 +27,14 @@ BIAS = RNG.normal(size=(NUM_CLASSES,)).astype(np.float32)
 PIXEL_WEIGHT = (RNG.normal(size=(3 * CROP * CROP, NUM_CLASSES)) * 0.03).astype(np.float32)
 
 
-def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:  # name kept: many tests use it
-    """images [N,3,32,32] -> Flatten -> MatMul -> Add -> logits [N,10] (position-sensitive), plus model.json."""
+def handmade_artifact(directory: Path, name: str, nodes: list, inits: dict[str, np.ndarray]) -> Path:
+    """images [N,3,32,32] -> ``nodes`` -> logits [N,10] as model.onnx, plus its model.json (with the digest)."""
     from onnx import TensorProto, helper, numpy_helper, save
 
-    nodes = [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
-             helper.make_node("MatMul", ["flat", "W"], ["mm"]),
-             helper.make_node("Add", ["mm", "b"], ["logits"])]
     graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
+        nodes, name, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])],
-        initializer=[numpy_helper.from_array(PIXEL_WEIGHT, "W"), numpy_helper.from_array(BIAS, "b")])
+        initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     directory.mkdir(parents=True, exist_ok=True)
@@ -49,10 +46,20 @@ def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:  # name kep
     return directory
 
 
+def make_artifact(directory: Path, name: str = "tiny-mean") -> Path:  # name kept: many tests use it
+    """images [N,3,32,32] -> Flatten -> MatMul -> Add -> logits [N,10] (position-sensitive), plus model.json."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
+             helper.make_node("MatMul", ["flat", "W"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["logits"])]
+    return handmade_artifact(directory, name, nodes, {"W": PIXEL_WEIGHT, "b": BIAS})
+
+
 def make_slow_artifact(directory: Path, matmuls: int = 100) -> Path:
     """The handmade model plus a chain of ``matmuls`` 1024x1024 MatMuls that depend on the input (about
     10 ms each on one idle core, whatever the batch size) and add 0 to the logits: an engine that stays busy."""
-    from onnx import TensorProto, helper, numpy_helper, save
+    from onnx import helper
 
     d = 1024
     nodes = [helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
@@ -63,27 +70,14 @@ def make_slow_artifact(directory: Path, matmuls: int = 100) -> Path:
     nodes += [helper.make_node("ReduceMean", [f"m{matmuls}"], ["burn"], keepdims=0),
               helper.make_node("Mul", ["burn", "zero"], ["nothing"]),
               helper.make_node("Add", ["mm", "b"], ["mb"]), helper.make_node("Add", ["mb", "nothing"], ["logits"])]
-    inits = [numpy_helper.from_array(WEIGHT, "W"), numpy_helper.from_array(BIAS, "b"),
-             numpy_helper.from_array(np.full((d, d), 1.0 / d, np.float32), "A"),
-             numpy_helper.from_array(np.float32(0.0), "zero")]
-    graph = helper.make_graph(
-        nodes, "slow", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    directory.mkdir(parents=True, exist_ok=True)
-    save(model, str(directory / "model.onnx"))
-    art = ModelArtifact(name="slow", architecture={"kind": "handmade"}, img_size=CROP, num_classes=NUM_CLASSES,
-                        preprocess=Preprocess(resize=36, crop=CROP), labels=list(LABELS),
-                        onnx_sha256=file_sha256(directory / "model.onnx"))
-    save_artifact(art, directory)
-    return directory
+    inits = {"W": WEIGHT, "b": BIAS, "A": np.full((d, d), 1.0 / d, np.float32), "zero": np.float32(0.0)}
+    return handmade_artifact(directory, "slow", nodes, inits)
 
 
 def make_failing_artifact(directory: Path) -> Path:
     """Like :func:`make_artifact`, but inference fails at run time (a Gather index out of range) for any
     input whose maximum exceeds 0.01, i.e. every real image, while the all-zero warm-up passes."""
-    from onnx import TensorProto, helper, numpy_helper, save
+    from onnx import TensorProto, helper
 
     nodes = [helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
              helper.make_node("MatMul", ["pooled", "W"], ["mm"]),
@@ -92,20 +86,8 @@ def make_failing_artifact(directory: Path) -> Path:
              helper.make_node("Cast", ["scaled"], ["index"], to=TensorProto.INT64),
              helper.make_node("Gather", ["table", "index"], ["offset"]),
              helper.make_node("Add", ["mm", "offset"], ["logits"])]
-    inits = [numpy_helper.from_array(WEIGHT, "W"), numpy_helper.from_array(np.float32(1000.0), "scale"),
-             numpy_helper.from_array(np.zeros(10, np.float32), "table")]
-    graph = helper.make_graph(
-        nodes, "failing", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    directory.mkdir(parents=True, exist_ok=True)
-    save(model, str(directory / "model.onnx"))
-    art = ModelArtifact(name="failing", architecture={"kind": "handmade"}, img_size=CROP, num_classes=NUM_CLASSES,
-                        preprocess=Preprocess(resize=36, crop=CROP), labels=list(LABELS),
-                        onnx_sha256=file_sha256(directory / "model.onnx"))
-    save_artifact(art, directory)
-    return directory
+    inits = {"W": WEIGHT, "scale": np.float32(1000.0), "table": np.zeros(10, np.float32)}
+    return handmade_artifact(directory, "failing", nodes, inits)
 
 
 def expected_logits(x: np.ndarray) -> np.ndarray:

@@ -13,15 +13,13 @@ import httpx
 import numpy as np
 import pytest
 
-from irpe.artifact import ModelArtifact, Preprocess, file_sha256, save_artifact
 from tests.server.helpers import (
     BIAS,
     CROP,
-    LABELS,
-    NUM_CLASSES,
     PIXEL_WEIGHT,
     announced_url,
     encode,
+    handmade_artifact,
     image,
     running_server,
     serving_app,
@@ -32,32 +30,13 @@ REPO = Path(__file__).resolve().parents[2]
 PNG = {"content-type": "image/png"}
 
 
-def _artifact(directory: Path, name: str, nodes: list, inits: dict[str, np.ndarray]) -> Path:
-    """images [N,3,32,32] -> ``nodes`` -> logits [N,10], plus model.json (like helpers.make_artifact)."""
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    graph = helper.make_graph(
-        nodes, name, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, CROP, CROP])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])],
-        initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    directory.mkdir(parents=True, exist_ok=True)
-    save(model, str(directory / "model.onnx"))
-    art = ModelArtifact(name=name, architecture={"kind": "handmade"}, img_size=CROP, num_classes=NUM_CLASSES,
-                        preprocess=Preprocess(resize=36, crop=CROP), labels=list(LABELS),
-                        onnx_sha256=file_sha256(directory / "model.onnx"))
-    save_artifact(art, directory)
-    return directory
-
-
 def batch_one_only(directory: Path) -> Path:
     """Reshapes to a fixed [1, 3072]: batch 1 runs, the warm-up of batch 2 fails inside ONNX Runtime."""
     from onnx import helper
 
     nodes = [helper.make_node("Reshape", ["images", "shape"], ["flat"]),
              helper.make_node("MatMul", ["flat", "W"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"])]
-    return _artifact(directory, "batch-one", nodes, {"shape": np.array([1, 3 * CROP * CROP], np.int64),
+    return handmade_artifact(directory, "batch-one", nodes, {"shape": np.array([1, 3 * CROP * CROP], np.int64),
                                                      "W": PIXEL_WEIGHT, "b": BIAS})
 
 
@@ -70,7 +49,7 @@ def nan_on_real_images(directory: Path) -> Path:
              helper.make_node("ReduceMax", ["images"], ["peak"], keepdims=0),
              helper.make_node("Neg", ["peak"], ["neg"]), helper.make_node("Sqrt", ["neg"], ["root"]),
              helper.make_node("Add", ["mm", "root"], ["logits"])]
-    return _artifact(directory, "nan-model", nodes, {"W": PIXEL_WEIGHT})
+    return handmade_artifact(directory, "nan-model", nodes, {"W": PIXEL_WEIGHT})
 
 
 def _poll(url: str, status: int, timeout: float = 30.0) -> httpx.Response:
