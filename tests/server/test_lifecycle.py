@@ -46,8 +46,11 @@ def test_server_process_never_imports_torch_and_drains_on_sigterm(tmp_path: Path
     proc = _serve(slow, "--max-batch", "8", "--max-wait-ms", "3000", "--inference-threads", "1")
     lines: list[str] = []
     results: list[httpx.Response] = []
+    reader: threading.Thread | None = None
     try:
         url = announced_url(proc, lines)  # port 0: the address the server really bound
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+        reader.start()  # keep draining the log: a full pipe would block the server's event loop
         wait_ready(url, timeout=60)
         post = {"content": encode(image()), "headers": {"content-type": "image/png"}, "timeout": 60}
         threads = [threading.Thread(target=lambda: results.append(httpx.post(url + "/classify", **post)))
@@ -64,7 +67,9 @@ def test_server_process_never_imports_torch_and_drains_on_sigterm(tmp_path: Path
     finally:
         if proc.poll() is None:
             proc.kill()
-    output = "".join(lines) + (proc.stdout.read() if proc.stdout else "")
+    if reader is not None:
+        reader.join(10)
+    output = "".join(lines)
     assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
     assert all(len(r.json()["predictions"][0]) == 5 for r in results)
     assert code in (0, -signal.SIGTERM), output  # uvicorn re-raises the signal after a clean shutdown
