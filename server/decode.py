@@ -22,6 +22,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from irpe.artifact import Preprocess
 from irpe.artifact.preprocess import preprocess_image
 
+from . import jpeg
 from .errors import APIError
 
 FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF", "TIFF"})
@@ -220,13 +221,22 @@ def prepare(data: bytes, pp: Preprocess, max_pixels: int, jpeg_draft: bool = Fal
 
 def _prepare_open(data: bytes, img: Image.Image, pp: Preprocess, max_pixels: int, jpeg_draft: bool,
                   max_scans: int) -> np.ndarray:
+    if not jpeg_draft and jpeg.applies(img, pp):  # the common upload, bit-exact without a Pillow image
+        check_scans(data, img, max_scans)
+        _check_resized(*img.size, pp, max_pixels)
+        if (x := jpeg.prepare_jpeg(data, pp)) is not None:
+            return x
     img = decode_image(data, max_pixels, draft_size=pp.resize if jpeg_draft else 0, max_scans=max_scans, img=img)
-    w, h = img.size  # resizing the shorter side to pp.resize must not blow up a thin image (1x40M -> 36x1.4G)
-    resized = pp.resize * int(pp.resize * max(w, h) / min(w, h))
-    if resized > max_pixels:
-        raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {pp.resize} "
-                       f"would give {resized} pixels, over the limit {max_pixels} (--max-pixels); crop it first")
+    _check_resized(*img.size, pp, max_pixels)
     try:
         return preprocess_image(img, pp)
     except MemoryError:
         raise APIError(413, "too_many_pixels", "image too large to resize in the memory available") from None
+
+
+def _check_resized(w: int, h: int, pp: Preprocess, max_pixels: int) -> None:
+    """Resizing the shorter side to pp.resize must not blow up a thin image (1x40M -> 36x1.4G)."""
+    resized = pp.resize * int(pp.resize * max(w, h) / min(w, h))
+    if resized > max_pixels:
+        raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {pp.resize} "
+                       f"would give {resized} pixels, over the limit {max_pixels} (--max-pixels); crop it first")
