@@ -25,6 +25,7 @@ from . import kserve, routes
 from .config import Settings
 from .engine import EngineError
 from .errors import drop_default_validation_error, install_error_handlers
+from .memory import tune_gc
 from .middleware import ObserveMiddleware
 from .protocol import protocol_factory
 from .state import ServerState
@@ -127,6 +128,7 @@ def serve(settings: Settings) -> None:
         app.state.irpe.load()
     except (ArtifactError, EngineError) as e:
         raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
+    tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     server = _AnnouncingServer(config)
     server.run()

@@ -13,8 +13,10 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -32,6 +34,7 @@ _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
 _CHUNK = 1 << 20  # pixels converted at a time from 16/32-bit modes (bounds the temporary copies)
 MAX_JPEG_SCANS = 100
 log = logging.getLogger("irpe.server")
+T = TypeVar("T")
 
 
 class PixelBudget:
@@ -61,6 +64,21 @@ class PixelBudget:
             with self._cond:
                 self.free += n
                 self._cond.notify_all()
+
+
+class InlineExecutor(Executor):
+    """An executor that runs each job at once in the calling thread (a front-end process's event loop:
+    no thread hand-off, no GIL contention; the process itself is the unit of parallelism)."""
+
+    _max_workers = 1  # read by ServerState.preprocess's fair share
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # delivered to the awaiting coroutine, as a pool thread would
+            future.set_exception(e)
+        return future
 
 
 _NEXT_MARKER = re.compile(rb"\xff+[^\x00\xd0-\xd7\xff]")

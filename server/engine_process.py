@@ -25,6 +25,7 @@ from irpe.artifact import ArtifactError
 from .batching import BatcherStoppedError, QueueFullError
 from .config import Settings
 from .engine import EngineError
+from .memory import tune_gc
 from .shm import attach, pack, read_frame
 from .state import ServerState
 
@@ -137,4 +138,5 @@ def engine_main(settings: Settings, path: str) -> None:
         log.error("engine: cannot load the model: %s", e)
         raise SystemExit(3) from None
     log.info("engine: model loaded in %.2fs; socket %s", time.perf_counter() - started, path)
+    tune_gc()
     asyncio.run(EngineServer(state, path).run())

@@ -67,12 +67,14 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
     import uvicorn
 
     from .app import create_app, uvicorn_config_kwargs
+    from .memory import tune_gc
     from .remote import FrontendState, MultiprocessMetrics
 
     child_setup(f"irpe-frontend{index}", settings)
     state = FrontendState(settings, metrics=MultiprocessMetrics(), engine_path=engine_path)
     app = create_app(settings, state=state)
     state.load()
+    tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     uvicorn.Server(config).run(sockets=[sock])
 

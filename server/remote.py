@@ -28,7 +28,7 @@ import numpy as np
 from irpe.artifact import load_artifact
 
 from .batching import BatcherStoppedError, QueueFullError, Result, settle
-from .decode import PixelBudget
+from .decode import InlineExecutor, PixelBudget
 from .engine import EngineInfo
 from .errors import APIError
 from .memory import fix_mmap_threshold
@@ -230,7 +230,8 @@ class FrontendState(ServerState):
         fix_mmap_threshold()
         self.art = load_artifact(Path(s.artifact_dir))
         crop = self.art.preprocess.crop
-        self.pool = ThreadPoolExecutor(s.resolved_decode_threads(), thread_name_prefix="irpe-decode")
+        self.pool = ThreadPoolExecutor(s.decode_threads, thread_name_prefix="irpe-decode") if s.decode_threads \
+            else InlineExecutor()  # auto: decode on the event loop; the front-end processes are the parallelism
         self.budget = PixelBudget(s.resolved_max_decode_pixels())
         slots = min(s.max_queue, max(SLOTS, 2 * s.resolved_max_batch()))
         self.remote = RemoteBatcher(self.engine_path, SlotPool(slots, (3, crop, crop)), s.timeout_s)
