@@ -131,8 +131,11 @@ class Supervisor:
 
     def run(self) -> int:
         """Start everything, watch until SIGTERM/SIGINT or the engine dies; the exit code."""
+        from .app import announce
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
+        announce(self.sock.getsockname())  # --port 0: the port the kernel picked
         self._start_engine()
         for i in range(self.n):
             self._start_frontend(i)

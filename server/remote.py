@@ -69,16 +69,18 @@ class RemoteBatcher:
 
     def connect(self, timeout: float = 300.0) -> None:
         """Connect (the engine may still be loading: no socket yet), send the slot description, start the
-        reader. A socket that refuses means the engine is gone: fail at once."""
+        reader. A socket that refuses for seconds means the engine is gone."""
         deadline = time.monotonic() + timeout
+        refused_until = time.monotonic() + 5.0  # the engine binds, then listens: a refusal is brief
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.path)
                 break
-            except FileNotFoundError:
+            except (FileNotFoundError, ConnectionRefusedError) as e:  # not bound yet / bound, not listening yet
                 sock.close()
-                if time.monotonic() > deadline:
+                if time.monotonic() > (deadline if isinstance(e, FileNotFoundError) else refused_until):
+                    self.gone = isinstance(e, ConnectionRefusedError)
                     raise
                 time.sleep(0.05)
             except OSError:
