@@ -112,10 +112,10 @@ def serve(settings: Settings) -> None:
     except ValueError as e:
         raise SystemExit(f"irpe serve: error: {e}") from None
     configure_logging(settings)
-    if settings.frontends:  # N HTTP processes + one engine process (issue 13)
-        from .frontends import serve_frontends
+    if frontends := settings.frontends if settings.frontends < -1 else settings.resolved_frontends():
+        from .frontends import serve_frontends  # N HTTP processes + one engine process (issue 13)
 
-        code = serve_frontends(settings, settings.frontends)
+        code = serve_frontends(settings, frontends)
         if code:
             raise SystemExit(code)
         return

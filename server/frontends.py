@@ -80,11 +80,10 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
 
 
 def default_frontends(settings: Settings) -> int:
-    """Enough front ends to keep the engine busy: one per usable core, minus one for the engine on a CPU."""
-    from .config import usable_cpus
+    """Enough front ends to keep the engine busy (:meth:`Settings.resolved_frontends` with ``auto``)."""
+    from dataclasses import replace
 
-    cores = usable_cpus()
-    return max(1, cores if settings.device == "cuda" else cores - 1)
+    return max(1, replace(settings, frontends=-1).resolved_frontends())
 
 
 def bind(settings: Settings) -> socket.socket:
