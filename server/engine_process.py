@@ -80,6 +80,10 @@ class EngineServer:
         log.info("front end pid %s connected (%d slots)", hello[0].get("pid"), array.shape[0])
         try:
             while (frame := await read_frame(reader)) is not None:
+                if frame[0].get("op") == "stats":  # /v2 statistics: this batcher counts every front end's work
+                    batcher = self.state.batcher
+                    writer.write(pack({"op": "stats", "stats": batcher.stats.to_triton("") if batcher else None}))
+                    continue
                 task = asyncio.ensure_future(self._reply(array, frame[0], writer))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)

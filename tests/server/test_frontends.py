@@ -120,6 +120,26 @@ def test_metrics_add_up_every_process(frontends: tuple[str, subprocess.Popen]) -
     assert text.count("irpe_ready{") == 3  # one per process
 
 
+def test_v2_stats_count_every_front_end(frontends: tuple[str, subprocess.Popen]) -> None:
+    """/v2 statistics come from the engine's batcher: every front end's requests and the batches (a front
+    end alone runs no batch, so batch_stats would be empty)."""
+    url, _ = frontends
+
+    def stats() -> dict:
+        with httpx.Client(timeout=10) as c:  # a new connection: any front end may answer
+            return c.get(url + "/v2/models/tiny-mean/stats").json()["model_stats"][0]
+
+    before = stats()
+    with ThreadPoolExecutor(6) as ex:
+        codes = list(ex.map(lambda i: _classify(url, encode(image(seed=i))).status_code, range(12)))
+    after = stats()
+    ok = codes.count(200)
+    assert after["name"] == "tiny-mean" and after["version"] == "1"
+    assert after["inference_count"] - before["inference_count"] == ok > 0
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == ok
+    assert after["execution_count"] > before["execution_count"] and after["batch_stats"]
+
+
 def _count(text: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
