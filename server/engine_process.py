@@ -46,7 +46,7 @@ async def answer(state: ServerState, array: np.ndarray, head: dict[str, Any]) ->
             return pack({"id": rid, "err": "not_ready", "msg": state.failure or "engine is warming up"})
         views = [array[i] for i in head["slots"]]
         left = float(head.get("timeout", state.settings.timeout_s))
-        results = await asyncio.wait_for(state.batcher.submit(views), max(left, 0.001))
+        results = await state.batcher.submit(views, timeout=max(left, 0.001))
     except QueueFullError as e:
         return pack({"id": rid, "err": "queue_full", "msg": str(e), "retry": e.retry_after})
     except BatcherStoppedError as e:
