@@ -136,8 +136,9 @@ class Supervisor:
             signal.signal(sig, self._signal)
         announce(self.sock.getsockname())  # --port 0: the port the kernel picked
         self._start_engine()
-        for i in range(self.n):
-            self._start_frontend(i)
+        if self._engine_loaded():  # a model that cannot load: one error line, no front end to stop
+            for i in range(self.n):
+                self._start_frontend(i)
         log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
                  self.settings.host, self.settings.port, self.n, self.engine.pid if self.engine else "?")
         code = self._watch()
@@ -147,6 +148,13 @@ class Supervisor:
         if code == 0 and self.engine is not None and self.engine.exitcode not in (0, -signal.SIGTERM, None):
             code = 1
         return code
+
+    def _engine_loaded(self) -> bool:
+        """Wait until the engine has loaded the model (its socket exists; warm-up goes on meanwhile)."""
+        assert self.engine is not None
+        while not self.stopping and self.engine.is_alive() and not os.path.exists(self.engine_path):
+            wait([self.engine.sentinel, self.wake_r], timeout=0.05)
+        return not self.stopping and self.engine.is_alive()
 
     def _watch(self) -> int:
         assert self.engine is not None
