@@ -56,6 +56,8 @@ class Settings:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(f"IRPE_{f.name.upper()}")
+            if f.name == "frontends" and raw is not None and raw.strip().lower() == "auto":
+                raw = "-1"  # IRPE_FRONTENDS=auto, as --frontends auto
             if raw is not None and raw != "":
                 values[f.name] = _parse(f.name, raw, type(getattr(cls(), f.name)))
         values.update({k: v for k, v in overrides.items() if v is not None})

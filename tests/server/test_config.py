@@ -34,3 +34,5 @@ def test_frontends_auto_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings(device="cuda", frontends=0).resolved_frontends() == 0  # explicit: one process
     monkeypatch.setattr(config, "usable_cpus", lambda: 1)
     assert Settings(device="cuda").resolved_frontends() == 1
+    assert Settings.from_env(env={"IRPE_FRONTENDS": "auto"}).frontends == -1
+    assert Settings.from_env(env={"IRPE_FRONTENDS": "2"}).frontends == 2
