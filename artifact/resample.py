@@ -171,7 +171,8 @@ def resize_crop(img: Image.Image | np.ndarray, size: int, crop: int, interpolati
     when the fast path does not apply (the caller then uses Pillow). ``img``: an RGB image, or its pixels
     as a C-contiguous (height, width, 3) uint8 array (read in place: no Pillow image, no copy)."""
     if isinstance(img, np.ndarray):
-        if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8 or not img.flags.c_contiguous:
+        if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8 or not img.flags.c_contiguous \
+                or not hasattr(_resample, "lookup"):  # an extension built before the strided transpose
             return None
         h, w = img.shape[:2]
     elif img.mode != "RGB":
