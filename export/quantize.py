@@ -213,3 +213,63 @@ def summary(proto: onnx.ModelProto, *, method: str, scope: str, images: int, sou
             "channel, activations per tensor", "method": method, "percentile": PERCENTILE if method == "percentile"
             else None, "scope": scope, "matmuls": len(quantized_matmuls(proto)),
             "calibration": {"source": source, "images": images}}
+
+
+def qdq_into(target: onnx.ModelProto, qdq: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``target`` (e.g. the --rpe-plugin graph of the same model) with the Q/DQ pairs of ``qdq`` (the
+    quantized standard graph) around each same-named MatMul; its other nodes (irpe:: plugin ops) stay float.
+
+    The linear MatMuls read the same tensors in both graphs (one builder), so activation Q/DQ nodes, int8
+    weights and scales are copied as they are; float weights no longer read are dropped."""
+    out = onnx.ModelProto()
+    out.CopyFrom(target)
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    consts = {i.name: i for i in qdq.graph.initializer}
+    have = {i.name for i in out.graph.initializer} | {o for n in out.graph.node for o in n.output}
+    have |= {i.name for i in out.graph.input}
+    wanted = {n.name: n for n in qdq.graph.node if n.name in set(quantized_matmuls(qdq))}
+
+    def copy_chain(name: str) -> None:
+        if name in have:
+            return
+        have.add(name)
+        if name in consts:
+            out.graph.initializer.append(consts[name])
+            return
+        node = producers[name]
+        for i in node.input:
+            copy_chain(i)
+        out.graph.node.append(node)
+
+    scope = set()
+    for mm in list(out.graph.node):
+        if mm.op_type == "MatMul" and mm.name in wanted:
+            for i in wanted[mm.name].input:
+                copy_chain(i)
+            mm.input[:] = wanted[mm.name].input
+            scope.add(mm.name)
+    _toposort(out.graph)
+    return _only_in_scope(out, scope)
+
+
+def _toposort(graph: onnx.GraphProto) -> None:
+    """Order ``graph.node`` so every node comes after the producers of its inputs."""
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
+    order: list[int] = []
+    state: dict[int, int] = {}
+    for start in range(len(graph.node)):
+        stack = [(start, False)]
+        while stack:
+            i, done = stack.pop()
+            if done:
+                state[i] = 2
+                order.append(i)
+                continue
+            if state.get(i):
+                continue
+            state[i] = 1
+            stack.append((i, True))
+            stack += [(producer[x], False) for x in graph.node[i].input if x in producer and not state.get(producer[x])]
+    nodes = [graph.node[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(nodes)
