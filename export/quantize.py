@@ -13,7 +13,8 @@ logit cosine ``minmax`` < ``percentile``); ``entropy`` (KL, TensorRT's legacy ca
 slower to calibrate.
 
 Scopes (which MatMuls get Q/DQ): ``linear`` = qkv, proj, fc1, fc2 (the weight GEMMs, >90% of the FLOPs);
-``attention`` adds q @ k^T and attn @ v; ``all`` adds the iRPE q.W lookups and bucket-sum matmuls.
+``rpe`` adds the iRPE q.W / k.W lookups, one-hot bucket sums and (K, d) value matmuls; ``attention`` adds
+q @ k^T and attn @ v to ``linear``; ``all`` adds both.
 The classifier head is kept float in every scope.
 """
 
@@ -31,11 +32,11 @@ import onnx
 from onnx import numpy_helper
 
 METHODS = ("percentile", "entropy", "minmax")
-SCOPES = ("linear", "attention", "all")
+SCOPES = ("linear", "rpe", "attention", "all")
 PERCENTILE = 99.999
 _LINEAR = ("/matmul",)
 _ATTENTION = ("/scores", "/context")
-_RPE = (".rpe_k/lut", ".rpe_q/lutT", ".rpe_v/values")
+_RPE = (".rpe_k/lut", ".rpe_q/lut", ".rpe_v/onehot_sums", ".rpe_v/values")
 
 
 class QuantizationError(ValueError):
@@ -46,7 +47,8 @@ def matmuls_in_scope(proto: onnx.ModelProto, scope: str) -> list[str]:
     """Names of the MatMul nodes that ``scope`` quantizes (the classifier head never)."""
     if scope not in SCOPES:
         raise QuantizationError(f"int8 scope {scope!r}: choose one of {', '.join(SCOPES)}")
-    suffixes = _LINEAR + (_ATTENTION if scope in ("attention", "all") else ()) + (_RPE if scope == "all" else ())
+    suffixes = (_LINEAR + (_ATTENTION if scope in ("attention", "all") else ())
+                + (_RPE if scope in ("rpe", "all") else ()))
     return [n.name for n in proto.graph.node
             if n.op_type == "MatMul" and n.name.endswith(suffixes) and not n.name.startswith("head")]
 
