@@ -5,8 +5,10 @@ scikit-image's photographs (an image directory, as a user would pass); then, int
 that load from other processes hits every path alike, the median latency of: ONNX Runtime fp32, OpenVINO
 fp32 and bf16, our int8 QDQ model.onnx on ONNX Runtime and on OpenVINO (bf16 elsewhere), and OpenVINO NNCF
 int8 (``ModelType.TRANSFORMER``, bf16 elsewhere) quantized by the bench from the same fp32 model as the
-anchor. Ratios are to ONNX Runtime fp32 of the same model and batch. ``--served`` adds served req/s of the
-fp32 artifact on ONNX Runtime vs the int8 artifact on the default backend (``irpe serve``, real JPEGs).
+anchor. Each round runs the paths in a fresh random order and ONNX Runtime does not spin after a run, so no
+path inherits another's busy threads. Ratios are to ONNX Runtime fp32 of the same model and batch.
+``--served`` adds served req/s of the fp32 artifact on ONNX Runtime vs the int8 artifact on the
+default backend (``irpe serve``, real JPEGs).
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def _ort(path: Path, threads: int) -> Runner:
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.log_severity_level = threads, 3
+    # ONNX Runtime's pool spins after each run, taking the cores from whichever path runs next
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     return lambda x: sess.run(None, {"images": x})
 
@@ -135,14 +139,18 @@ def runners(fp32: Path, int8: Path, calib: np.ndarray, threads: int, paths: Sequ
     return out
 
 
-def time_interleaved(runs: dict[str, Runner], x: np.ndarray, repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Each path once per round, ``repeats`` rounds after ``warmup``; seconds per run."""
+def time_interleaved(runs: dict[str, Runner], x: np.ndarray, repeats: int, warmup: int,
+                     seed: int = 0) -> dict[str, list[float]]:
+    """Each path once per round, in a fresh random order (no path always follows the same one), ``repeats``
+    rounds after ``warmup``; seconds per run."""
     for _ in range(warmup):
         for r in runs.values():
             r(x)
     times: dict[str, list[float]] = {k: [] for k in runs}
+    rng = np.random.default_rng(seed)
     for _ in range(repeats):
-        for k, r in runs.items():
+        for k in rng.permutation(list(runs)):
+            r = runs[k]
             start = time.perf_counter()
             r(x)
             times[k].append(time.perf_counter() - start)

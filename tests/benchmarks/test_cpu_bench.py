@@ -24,3 +24,20 @@ def test_unknown_models_and_paths_and_bad_batches_are_refused(capsys) -> None:
         run_cpu_bench(["k"], [1], paths=["ort-fp16"])
     assert main(["bench", "cpu", "--batch", "8,x"]) == 2
     assert "--batch must be a comma list" in capsys.readouterr().err
+
+
+def test_rounds_run_every_path_once_in_varying_order() -> None:
+    """No path always follows the same one (a runtime's busy threads would slow whichever comes next)."""
+    import numpy as np
+
+    from irpe.benchmarks.cpu import time_interleaved
+
+    order: list[str] = []
+    def runner(name: str):
+        return lambda x: order.append(name)
+
+    runs = {p: runner(p) for p in ("a", "b", "c", "d")}
+    times = time_interleaved(runs, np.zeros(1), repeats=6, warmup=1)
+    assert {k: len(v) for k, v in times.items()} == {p: 6 for p in runs}
+    rounds = [tuple(order[i:i + 4]) for i in range(4, len(order), 4)]
+    assert all(sorted(r) == list(runs) for r in rounds) and len(set(rounds)) > 1
