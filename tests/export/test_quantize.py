@@ -141,3 +141,16 @@ def test_rpe_plugin_int8_keeps_irpe_nodes_float_between_qdq(ckpt: Path, int8_dir
     got = ort_session(out / "model.onnx", rpe_plugin=True).run(["logits"], {"images": x})[0]
     want = ort_session(int8_dir / "model.onnx").run(["logits"], {"images": x})[0]
     assert np.abs(got - want).max() <= 1e-3 * max(1.0, float(np.abs(want).max()))
+
+
+def test_scopes_name_the_matmuls_they_quantize() -> None:
+    """linear: qkv/proj/fc1/fc2; rpe: + every iRPE matmul; attention: + q @ k^T (attn @ v stays float: softmax
+    probabilities would waste half of signed int8); all: both. The head never."""
+    from irpe.export.bench import random_model
+    from irpe.export.onnx import build_onnx
+
+    model = random_model("deit_tiny_patch16_224_ctx_product_50_shared_k", img_size=32, rpe_on="qkv")
+    proto, depth = build_onnx(model), model.cfg.depth
+    counts = {s: len(matmuls_in_scope(proto, s)) for s in ("linear", "rpe", "attention", "all")}
+    assert counts == {"linear": 4 * depth, "rpe": 8 * depth, "attention": 5 * depth, "all": 9 * depth}
+    assert not any(n.endswith("/context") or n.startswith("head") for n in matmuls_in_scope(proto, "all"))
