@@ -75,8 +75,8 @@ def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | 
     formats = parse_formats(formats)
     if int8 and not calibration:
         raise ExportError("--int8 needs calibration images: --calibration digits or --calibration DIR")
-    if int8 and (fp16 or rpe_plugin):
-        raise ExportError("--int8 quantizes the fp32 graph without plugin ops; drop --fp16 / --rpe-plugin")
+    if int8 and fp16:
+        raise ExportError("--int8 quantizes the fp32 graph (float parts stay fp32); drop --fp16")
     if max_batch < 1:
         raise ExportError(f"--max-batch must be >= 1, got {max_batch}")
     out_dir, checkpoint = Path(out_dir), Path(checkpoint)
@@ -108,13 +108,27 @@ def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | 
     art.onnx_sha256 = file_sha256(onnx_path)
     save_artifact(art, out_dir)
     if calibration:
-        from .precision import reduced_precision
-
-        reduced_precision(art, out_dir, calibration, int8=int8, say=log.say, **(calibration_options or {}))
+        _reduced_precision(model, art, out_dir, calibration, int8=int8, opset=opset, log=log,
+                           options=calibration_options or {})
     log.say(f"wrote {onnx_path} and {out_dir / 'model.json'}")
     _extra_formats(art, out_dir, formats, max_batch=max_batch, fp16=fp16, log=log,
                    tensorrt_onnx=lambda: _tensorrt_onnx(model, proto, out_dir, opset=opset, fp16=fp16, pp=pp))
     return out_dir
+
+
+def _reduced_precision(model: Any, art: ModelArtifact, out_dir: Path, calibration: str, *, int8: bool, opset: int,
+                       log: Progress, options: dict[str, Any]) -> None:
+    """Fidelity reports / int8; a plugin artifact is calibrated and measured on its plugin-free graph."""
+    import tempfile
+
+    from .precision import reduced_precision
+
+    with tempfile.TemporaryDirectory(prefix="irpe-standard-") as tmp:
+        standard = None
+        if art.rpe_plugin:
+            standard = Path(tmp) / "model.onnx"
+            onnx.save(build_onnx(model, opset=opset), str(standard))
+        reduced_precision(art, out_dir, calibration, int8=int8, say=log.say, standard=standard, **options)
 
 
 TENSORRT_ONNX = "model.tensorrt.onnx"

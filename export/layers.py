@@ -21,7 +21,7 @@ class Emit:
     cfg: ViTConfig
     opset: int
     plugin: bool = False
-    tensorrt: bool = False  # value-side bucket sums as one-hot MatMuls (TensorRT rejects ScatterND reductions)
+    tensorrt: bool = False  # for TensorRT's parser: the standard graph already suits it (no ScatterND)
     tables: dict[int, dict[str, list[rpe_graph.Table]]] = field(default_factory=dict)
     batch: str = ""  # 1-D int64 tensor [N] (the dynamic batch size), set by :func:`embed`
     cache: dict[str, str] = field(default_factory=dict)  # values shared by all layers (e.g. zeros)

@@ -21,7 +21,7 @@ def build_onnx(model: nn.Module, *, opset: int = 17, rpe_plugin: bool = False, f
                tensorrt: bool = False) -> onnx.ModelProto:
     """The ModelProto of ``model`` (a :class:`irpe.models.VisionTransformer`), not yet checked.
 
-    ``tensorrt=True``: the variant for TensorRT's ONNX parser (no ScatterND reductions, see rpe_graph)."""
+    ``tensorrt=True``: for TensorRT's ONNX parser; the standard graph has no node it rejects (see rpe_graph)."""
     if opset < MIN_OPSET:
         raise ValueError(f"--opset {opset} is too old: LayerNormalization needs opset >= {MIN_OPSET}")
     cfg = model.cfg

@@ -28,9 +28,12 @@ from . import fidelity, metadata, quantize
 def reduced_precision(art: ModelArtifact, out_dir: Path, calibration: str, *, int8: bool,
                       calibration_size: int = 64, heldout: int = 400, method: str = "percentile",
                       scope: str = "linear", floors: dict[str, float | None] | None = None,
-                      say: Callable[[str], None] = print) -> ModelArtifact:
-    """Write the fidelity reports (and, with ``int8``, the QDQ model.onnx) into ``out_dir``; returns ``art``."""
-    onnx_path = out_dir / art.onnx_file
+                      say: Callable[[str], None] = print, standard: Path | None = None) -> ModelArtifact:
+    """Write the fidelity reports (and, with ``int8``, the QDQ model.onnx) into ``out_dir``; returns ``art``.
+
+    ``standard``: the plugin-free fp32 graph of a --rpe-plugin artifact; it is calibrated and measured, and its
+    Q/DQ pairs are copied into the plugin graph (irpe:: nodes stay float; see :func:`_plugin_qdq`)."""
+    onnx_path = standard or out_dir / art.onnx_file
     sets = fidelity.image_sets(calibration, art, calibration_size=calibration_size, heldout=heldout)
     say(f"calibration / held-out images: {sets.source}")
     ref = fidelity.run_logits(onnx_path, sets.heldout)
@@ -52,11 +55,13 @@ def reduced_precision(art: ModelArtifact, out_dir: Path, calibration: str, *, in
                                input_name=art.input_name)
         _int8_reports(art, qdq, ref, sets, bf16, floors or {}, out_dir, say)
         proto = onnx.load(str(qdq))
+        if standard is not None:
+            proto = _plugin_qdq(out_dir / art.onnx_file, proto, qdq, sets.heldout[:16], say)
         art.quantization = quantize.summary(proto, method=method, scope=scope, images=len(sets.calibration),
                                             source=sets.source)
         metadata.set_metadata(proto, metadata.metadata_summary(art))
-        onnx.save(proto, str(onnx_path))
-    art.onnx_sha256 = file_sha256(onnx_path)
+        onnx.save(proto, str(out_dir / art.onnx_file))
+    art.onnx_sha256 = file_sha256(out_dir / art.onnx_file)
     save_artifact(art, out_dir)
     say(f"int8: {art.quantization['matmuls']} MatMuls quantized; model.onnx is the QDQ graph")
     return art
@@ -86,3 +91,28 @@ def _int8_reports(art: ModelArtifact, qdq: Path, ref: Any, sets: fidelity.ImageS
         save_artifact(art, out_dir)  # the reports stay in model.json; model.onnx is still the fp32 graph
         raise fidelity.FidelityError(f"int8 export refused (model.onnx in {out_dir} stays fp32): "
                                      + " | ".join(errors))
+
+
+PLUGIN_INT8_ATOL = 1e-3
+
+
+def _plugin_qdq(plugin_path: Path, qdq: onnx.ModelProto, qdq_path: Path, x: Any,
+                say: Callable[[str], None]) -> onnx.ModelProto:
+    """The plugin graph with the standard graph's Q/DQ pairs, checked in TensorRT's form and against the
+    standard QDQ graph on ONNX Runtime (plugin ops through the irpe custom-op lowering)."""
+    from .parity import ort_session
+
+    proto = quantize.qdq_into(onnx.load(str(plugin_path)), qdq)
+    bad = quantize.qdq_form_violations(proto)
+    if bad:
+        raise quantize.QuantizationError(f"plugin QDQ graph is not in TensorRT's form: {bad[:3]}")
+    with tempfile.TemporaryDirectory(prefix="irpe-int8-plugin-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save(proto, str(path))
+        got = ort_session(path, rpe_plugin=True).run(["logits"], {"images": x})[0]
+    want = ort_session(qdq_path).run(["logits"], {"images": x})[0]
+    diff = float(abs(got - want).max())
+    if diff > PLUGIN_INT8_ATOL * max(1.0, float(abs(want).max())):
+        raise quantize.QuantizationError(f"plugin QDQ graph differs from the standard QDQ graph by {diff:.3g}")
+    say(f"int8: Q/DQ copied into the plugin graph (irpe:: nodes float); max |d logit| vs standard {diff:.2g}")
+    return proto

@@ -13,7 +13,10 @@ logit cosine ``minmax`` < ``percentile``); ``entropy`` (KL, TensorRT's legacy ca
 slower to calibrate.
 
 Scopes (which MatMuls get Q/DQ): ``linear`` = qkv, proj, fc1, fc2 (the weight GEMMs, >90% of the FLOPs);
-``attention`` adds q @ k^T and attn @ v; ``all`` adds the iRPE q.W lookups and bucket-sum matmuls.
+``rpe`` adds the iRPE q.W / k.W lookups, one-hot bucket sums and (K, d) value matmuls; ``attention`` adds
+q @ k^T to ``linear`` (OpenVINO then runs its attention subgraph in int8, as NNCF's graph does; attn @ v stays
+float: softmax probabilities in [0, 1] waste half of signed int8, logit cosine 0.969 when it was included);
+``all`` adds both.
 The classifier head is kept float in every scope.
 """
 
@@ -31,11 +34,11 @@ import onnx
 from onnx import numpy_helper
 
 METHODS = ("percentile", "entropy", "minmax")
-SCOPES = ("linear", "attention", "all")
+SCOPES = ("linear", "rpe", "attention", "all")
 PERCENTILE = 99.999
 _LINEAR = ("/matmul",)
-_ATTENTION = ("/scores", "/context")
-_RPE = (".rpe_k/lut", ".rpe_q/lutT", ".rpe_v/values")
+_ATTENTION = ("/scores",)
+_RPE = (".rpe_k/lut", ".rpe_q/lut", ".rpe_v/onehot_sums", ".rpe_v/values")
 
 
 class QuantizationError(ValueError):
@@ -46,7 +49,8 @@ def matmuls_in_scope(proto: onnx.ModelProto, scope: str) -> list[str]:
     """Names of the MatMul nodes that ``scope`` quantizes (the classifier head never)."""
     if scope not in SCOPES:
         raise QuantizationError(f"int8 scope {scope!r}: choose one of {', '.join(SCOPES)}")
-    suffixes = _LINEAR + (_ATTENTION if scope in ("attention", "all") else ()) + (_RPE if scope == "all" else ())
+    suffixes = (_LINEAR + (_ATTENTION if scope in ("attention", "all") else ())
+                + (_RPE if scope in ("rpe", "all") else ()))
     return [n.name for n in proto.graph.node
             if n.op_type == "MatMul" and n.name.endswith(suffixes) and not n.name.startswith("head")]
 
@@ -213,3 +217,63 @@ def summary(proto: onnx.ModelProto, *, method: str, scope: str, images: int, sou
             "channel, activations per tensor", "method": method, "percentile": PERCENTILE if method == "percentile"
             else None, "scope": scope, "matmuls": len(quantized_matmuls(proto)),
             "calibration": {"source": source, "images": images}}
+
+
+def qdq_into(target: onnx.ModelProto, qdq: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``target`` (e.g. the --rpe-plugin graph of the same model) with the Q/DQ pairs of ``qdq`` (the
+    quantized standard graph) around each same-named MatMul; its other nodes (irpe:: plugin ops) stay float.
+
+    The linear MatMuls read the same tensors in both graphs (one builder), so activation Q/DQ nodes, int8
+    weights and scales are copied as they are; float weights no longer read are dropped."""
+    out = onnx.ModelProto()
+    out.CopyFrom(target)
+    producers = {o: n for n in qdq.graph.node for o in n.output}
+    consts = {i.name: i for i in qdq.graph.initializer}
+    have = {i.name for i in out.graph.initializer} | {o for n in out.graph.node for o in n.output}
+    have |= {i.name for i in out.graph.input}
+    wanted = {n.name: n for n in qdq.graph.node if n.name in set(quantized_matmuls(qdq))}
+
+    def copy_chain(name: str) -> None:
+        if name in have:
+            return
+        have.add(name)
+        if name in consts:
+            out.graph.initializer.append(consts[name])
+            return
+        node = producers[name]
+        for i in node.input:
+            copy_chain(i)
+        out.graph.node.append(node)
+
+    scope = set()
+    for mm in list(out.graph.node):
+        if mm.op_type == "MatMul" and mm.name in wanted:
+            for i in wanted[mm.name].input:
+                copy_chain(i)
+            mm.input[:] = wanted[mm.name].input
+            scope.add(mm.name)
+    _toposort(out.graph)
+    return _only_in_scope(out, scope)
+
+
+def _toposort(graph: onnx.GraphProto) -> None:
+    """Order ``graph.node`` so every node comes after the producers of its inputs."""
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
+    order: list[int] = []
+    state: dict[int, int] = {}
+    for start in range(len(graph.node)):
+        stack = [(start, False)]
+        while stack:
+            i, done = stack.pop()
+            if done:
+                state[i] = 2
+                order.append(i)
+                continue
+            if state.get(i):
+                continue
+            state[i] = 1
+            stack.append((i, True))
+            stack += [(producer[x], False) for x in graph.node[i].input if x in producer and not state.get(producer[x])]
+    nodes = [graph.node[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(nodes)

@@ -3,17 +3,19 @@
 Layout choices (ONNX Runtime CPU, DeiT-S, batch 8, n = 197, K = 50, measured on a 2-core host):
 
 * q/k lookups: ONNX Runtime's Gather on the last axis copies element by element (11.9 ms per lookup
-  as (B, H, n*K) -> (B, H, n*n)). We lay the lut out as rows (n*K, B, H) with batch x heads innermost,
-  gather whole rows by a constant flat index (0.22 ms), add the q- and k-side rows (Add: 0.21 ms; the
-  variadic Sum runs single-threaded, 0.60 ms) and transpose back once (2-D-mergeable transpose, 0.3 ms).
-  A one-hot batched MatMul (n, BH, K) @ (n, K, n) takes 2.5 ms, a per-query (n, d, n) constant MatMul
-  6.2 ms. The q-side lut is produced as (B, H, K, n) = W^T @ k^T
-  and transposed with the same mergeable perm (2, 3, 0, 1); the non-mergeable (3, 2, 0, 1) cost 5.7 ms
-  per layer in the model instead of 0.25 ms.
-* v bucket sums: attention rows (n*n, B, H) are scatter-added (ScatterND, reduction "add", constant
-  index) into (n*K, B, H) zeros: 0.39 ms (+0.4 ms transpose), versus 2.5 ms for the one-hot MatMul
-  in (n, BH, n) layout and 12 ms for the broadcast (B, H, n, 1, n) @ (n, n, K) one; then one
-  (K, d) MatMul. No (n, n, d) table is ever formed.
+  as (B, H, n*K) -> (B, H, n*n)). Both luts are (B, H, n, K) weight GEMMs (q Wk, and k Wq for the q side, so
+  OpenVINO runs them as int8/bf16 FullyConnected layers; the old Wq k^T form ran in f32 there), laid out as
+  rows (n*K, B, H) with batch x heads innermost by a 2-D-mergeable transpose, whole rows gathered by a
+  constant flat index (0.22 ms), the q- and k-side rows added as 1-D tensors (OpenVINO's Add on (n*n, B, H)
+  with a dynamic B walks 6-wide rows: 6.9 ms vs 1.1 ms flat; ONNX Runtime's variadic Sum runs
+  single-threaded) and transposed back once. A one-hot batched MatMul takes 2.5 ms, a per-query (n, d, n)
+  constant MatMul 6.2 ms.
+* v bucket sums: one batched MatMul per query row, attn (B, H, n, n) -> (n, B*H, n) @ onehot (n, n, K),
+  both transposes keeping the innermost axis. Against the earlier ScatterND(add) on (n*n, B, H) rows: the
+  same on ONNX Runtime (1.3 vs 1.5 ms per layer, best of 40), 3.8 vs 13 ms on OpenVINO bf16 (whose
+  ScatterNDUpdate runs a reference kernel and accumulates in bf16), a MatMul that int8 and TensorRT take
+  (its ONNX parser rejects ScatterND reductions), and no per-layer zeros buffer. Then one (K, d) MatMul.
+  No (n, n, d) table is ever formed.
 * Plugin graphs keep the natural layout: one irpe::RPEIndex / irpe::RPEBucketSum node per table.
 """
 
@@ -24,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import TensorProto
-from onnx import helper as onnx_helper
 from torch import nn
 
 from irpe.models.rpe import rpe_tables
@@ -83,9 +84,9 @@ def add_score_terms(e: Emit, attn: str, q: str, kt: str, tables: dict[str, list[
         w = _concat_weights(tables["k"], axis=-1)  # (Ht, d, K')
         luts["k"] = g.op("MatMul", [q, g.weight(_squeeze_shared(w), f"{key}.rpe_k.weight")], f"{key}.rpe_k/lut")
     if "q" in tables:
-        w = np.swapaxes(_concat_weights(tables["q"], axis=-1), -1, -2) * scale  # (Ht, K', d)
-        lut_t = g.op("MatMul", [g.weight(_squeeze_shared(w), f"{key}.rpe_q.weight"), kt], f"{key}.rpe_q/lutT")
-        luts["q"] = lut_t  # (N, H, K', n)
+        w = _concat_weights(tables["q"], axis=-1) * scale  # (Ht, d, K')
+        k = g.op("Transpose", [kt], f"{key}.rpe_q/keys", perm=[0, 1, 3, 2])  # (N, H, n, d)
+        luts["q"] = g.op("MatMul", [k, g.weight(_squeeze_shared(w), f"{key}.rpe_q.weight")], f"{key}.rpe_q/lut")
     if e.plugin:
         return _plugin_scores(e, attn, luts, tables, key)
     return g.op("Add", [attn, _row_scores(e, luts, tables, key)], f"{key}/rpe_qk")
@@ -107,9 +108,8 @@ def _offsets(tables: list[Table]) -> list[int]:
 def _row_index(tables: list[Table], side: str) -> list[np.ndarray]:
     """Per table: for output (i, j), the row to gather from the lut laid out with B*H innermost.
 
-    k side: luts (N, H, n, K') become rows (n * K'), row i * K' + bucket[i, j].
-    q side: luts (N, H, K', n) become rows (K' * n), row bucket[j, i] * n + j (lookup at key j).
-    Both layouts come from 2-D-mergeable transposes (perm 2, 3, 0, 1), which ONNX Runtime does fast.
+    Both luts are (N, H, n, K'), laid out as rows (n * K') by a 2-D-mergeable transpose (perm 2, 3, 0, 1).
+    k side (lut = q W): row i * K' + bucket[i, j]; q side (lut = k W, looked up at key j): row j * K' + bucket[j, i].
     """
     total = sum(t.num_buckets for t in tables)
     out = []
@@ -118,7 +118,7 @@ def _row_index(tables: list[Table], side: str) -> list[np.ndarray]:
         if side == "k":
             rows = np.arange(n)[:, None] * total + off + t.bucket
         else:
-            rows = (off + t.bucket.T) * n + np.arange(n)[None, :]
+            rows = np.arange(n)[None, :] * total + off + t.bucket.T
         out.append(rows.reshape(-1).astype(np.int64))
     return out
 
@@ -134,6 +134,8 @@ def _row_scores(e: Emit, luts: dict[str, str], tables: dict[str, list[Table]], k
         for idx in _row_index(tables[side], side):
             index = g.shared_initializer(idx, f"rpe_{side}.row_index")
             picked.append(g.op("Gather", [rows, index], f"{key}.rpe_{side}/gather", axis=0))
+    if len(picked) > 1:  # 1-D: OpenVINO's Add on (n*n, N, H) with a dynamic N walks 6-wide rows (6.9 vs 1.1 ms)
+        picked = [g.op("Reshape", [p, g.ints([-1])], f"{key}.rpe/flat") for p in picked]
     total = picked[0]
     for other in picked[1:]:  # Add, not Sum: ONNX Runtime runs Sum single-threaded (0.60 vs 0.21 ms)
         total = g.op("Add", [total, other], f"{key}.rpe/sum")
@@ -145,8 +147,6 @@ def _plugin_scores(e: Emit, attn: str, luts: dict[str, str], tables: dict[str, l
     """attn + irpe::RPEIndex lookups on natural-layout luts (one node per table)."""
     g = e.g
     for side, lut in luts.items():
-        if side == "q":
-            lut = g.op("Transpose", [lut], f"{key}.rpe_q/lut", perm=[0, 1, 3, 2])
         for t, off in zip(tables[side], _offsets(tables[side]), strict=True):
             term = _plugin_node(e, "index", lut, t.bucket + off, f"{key}.rpe_{side}")
             if side == "q":
@@ -174,53 +174,36 @@ def value_term(e: Emit, attn: str, tables: list[Table], name: str) -> str:
     if e.plugin:
         parts = [_plugin_node(e, "sum", attn, t.bucket, name, t.num_buckets) for t in tables]
         sums = parts[0] if len(parts) == 1 else e.g.op("Concat", parts, f"{name}/sums", axis=-1)
-    elif e.tensorrt:
-        sums = _onehot_sums(e, attn, tables, name)
     else:
-        sums = _scatter_sums(e, attn, tables, name)
+        sums = _onehot_row_sums(e, attn, tables, name)
     w = _squeeze_shared(_concat_weights(tables, axis=1))  # (K', d) or (H, K', d)
     return e.g.op("MatMul", [sums, e.g.weight(w, f"{name}.weight")], f"{name}/values")
 
 
-def _onehot_sums(e: Emit, attn: str, tables: list[Table], name: str) -> str:
-    """Bucket sums as (N, H, n, 1, n) @ onehot (n, n, K') -> (N, H, n, K'), onehot[i, j, k] = [bucket[i, j] == k].
-
-    For TensorRT: its ONNX parser rejects ScatterND with a ``reduction`` (onnx-tensorrt onnxOpImporters.cpp,
-    ScatterND importer; docs/operators.md: "`reduction` other than `none` is not supported")."""
-    g, n = e.g, e.tokens
-    onehot = np.zeros((n, n, sum(t.num_buckets for t in tables)), dtype=g.dtype)
+def _onehot(e: Emit, tables: list[Table]) -> str:
+    """The constant float32 (n, n, K') one-hot of the value-side tables: onehot[i, j, k] = [bucket[i, j] == k]."""
+    n = e.tokens
+    onehot = np.zeros((n, n, sum(t.num_buckets for t in tables)), dtype=np.float32)
     rows, cols = np.arange(n)[:, None], np.arange(n)[None, :]
     for t, off in zip(tables, _offsets(tables), strict=True):
         onehot[rows, cols, off + t.bucket] = 1
-    x = g.op("Unsqueeze", [attn, g.ints([3])], f"{name}/attn_rows")
-    sums = g.op("MatMul", [x, g.shared_initializer(onehot, "rpe_v.onehot")], f"{name}/onehot_sums")
-    return g.op("Squeeze", [sums, g.ints([3])], f"{name}/sums")
+    return e.g.shared_initializer(onehot, "rpe_v.onehot")
 
 
-def _zeros(e: Emit, rows: int) -> str:
-    """float32 zeros (rows, N, H); the shape is built once, the buffer per layer (ScatterND can fill it in place)."""
-    key = f"zeros_{rows}_shape"
-    g = e.g
-    if key not in e.cache:
-        e.cache[key] = g.op("Concat", [g.ints([rows]), e.batch, g.ints([e.cfg.num_heads])], f"rpe_v/{key}", axis=0)
-    return g.op("ConstantOfShape", [e.cache[key]], "rpe_v/zeros",
-                value=onnx_helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
-
-
-def _scatter_sums(e: Emit, attn: str, tables: list[Table], name: str) -> str:
-    """Bucket sums by row-wise ScatterND(add) on attn laid out (n*n, N, H); back to (N, H, n, K')."""
+def _onehot_row_sums(e: Emit, attn: str, tables: list[Table], name: str) -> str:
+    """Bucket sums as one batched MatMul per query row: attn (N, H, n, n) -> (n, N*H, n) @ onehot (n, n, K')
+    -> (n, N*H, K') -> (N, H, n, K'). Both transposes keep the innermost axis (row copies)."""
     g, n, heads = e.g, e.tokens, e.cfg.num_heads
-    width = sum(t.num_buckets for t in tables)
-    rows = g.op("Transpose", [attn], f"{name}/attn_rows", perm=[2, 3, 0, 1])
-    rows = g.op("Reshape", [rows, g.ints([n * n, -1, heads])], f"{name}/rows")
-    if g.dtype != np.float32:  # ONNX Runtime's ScatterND(add) is float32-only; accumulate in float32
-        rows = g.op("Cast", [rows], f"{name}/rows_fp32", to=TensorProto.FLOAT)
-    sums = _zeros(e, n * width)
-    for t, off in zip(tables, _offsets(tables), strict=True):
-        index = (np.arange(n)[:, None] * width + off + t.bucket).reshape(-1, 1).astype(np.int64)
-        sums = g.op("ScatterND", [sums, g.shared_initializer(index, "rpe_v.scatter_index"), rows],
-                    f"{name}/scatter_add", reduction="add")
-    if g.dtype != np.float32:
-        sums = g.op("Cast", [sums], f"{name}/sums_cast", to=g.onnx_dtype)
-    sums = g.op("Reshape", [sums, g.ints([n, width, -1, heads])], f"{name}/sums_grid")
-    return g.op("Transpose", [sums], f"{name}/sums", perm=[2, 3, 0, 1])
+    if g.dtype != np.float32:  # fp16 graphs sum in float32 (ONNX Runtime's optimizer crashes on the fp16 form)
+        attn = g.op("Cast", [attn], f"{name}/attn_fp32", to=TensorProto.FLOAT)
+    rows = g.op("Transpose", [attn], f"{name}/attn_rows", perm=[2, 0, 1, 3])
+    rows = g.op("Reshape", [rows, g.ints([n, -1, n])], f"{name}/rows")
+    sums = g.op("MatMul", [rows, _onehot(e, tables)], f"{name}/onehot_sums")
+    sums = g.op("Reshape", [sums, g.ints([n, -1, heads, sums_width(tables)])], f"{name}/sums_grid")
+    sums = g.op("Transpose", [sums], f"{name}/sums", perm=[1, 2, 0, 3])
+    return sums if g.dtype == np.float32 else g.op("Cast", [sums], f"{name}/sums_cast", to=g.onnx_dtype)
+
+
+def sums_width(tables: list[Table]) -> int:
+    """K': the buckets of all value-side tables of a layer."""
+    return int(sum(t.num_buckets for t in tables))

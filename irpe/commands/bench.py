@@ -28,7 +28,7 @@ def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="threads per runtime (default: all cores)")
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--calibration-size", type=int, default=32, help="photo crops to calibrate int8 on")
-    p.add_argument("--int8-scope", choices=["linear", "attention", "all"], default="linear")
+    p.add_argument("--int8-scope", choices=["linear", "rpe", "attention", "all"], default="linear")
     p.add_argument("--served", type=int, default=0, metavar="N",
                    help="also serve fp32 (ONNX Runtime) and int8 (default backend): N requests each at "
                    "concurrency 16")

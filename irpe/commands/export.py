@@ -34,8 +34,9 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heldout-size", type=int, default=400,
                    help="held-out images for fidelity (default 400; digits has 360)")
     g.add_argument("--calibration-method", choices=["percentile", "entropy", "minmax"], default="percentile")
-    g.add_argument("--int8-scope", choices=["linear", "attention", "all"], default="linear",
-                   help="MatMuls quantized: linear layers (default), + attention matmuls, + iRPE matmuls")
+    g.add_argument("--int8-scope", choices=["linear", "rpe", "attention", "all"], default="linear",
+                   help="MatMuls quantized: linear layers (default); rpe: + iRPE matmuls; attention: + q @ k^T; "
+                        "all: both")
     g.add_argument("--min-top1", type=float, help="int8 floor: top-1 agreement with fp32 (default 0.99)")
     g.add_argument("--min-cosine", type=float, help="int8 floor: mean logit cosine with fp32 (default 0.99)")
     g.add_argument("--max-accuracy-drop", type=float,

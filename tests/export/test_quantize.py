@@ -116,3 +116,41 @@ def test_image_directory_is_split_into_disjoint_calibration_and_heldout(ckpt: Pa
     assert set(sets.labels.tolist()) <= {-1, 0, 1, 2}
     with pytest.raises(ValueError, match="not a directory"):
         image_sets(str(tmp_path / "missing"), art)
+
+
+def test_rpe_plugin_int8_keeps_irpe_nodes_float_between_qdq(ckpt: Path, int8_dir: Path, tmp_path: Path) -> None:
+    """--rpe-plugin --int8: the plugin graph gets the standard graph's Q/DQ pairs (TensorRT's form), its irpe::
+    nodes read float tensors, and ONNX Runtime runs it (custom-op lowering) like the standard int8 graph."""
+    from irpe.export import export_artifact
+    from irpe.export.parity import ort_session
+    from irpe.plugins.ops import DOMAIN
+    from tests.export.int8_helpers import RANDOM_MODEL_FLOORS
+
+    out = export_artifact(ckpt, tmp_path / "plugin", progress=False, int8=True, calibration="digits",
+                          rpe_plugin=True, calibration_options={"calibration_size": 32, "floors": RANDOM_MODEL_FLOORS})
+    proto = onnx.load(str(out / "model.onnx"))
+    assert qdq_form_violations(proto) == []
+    assert sorted(quantized_matmuls(proto)) == sorted(quantized_matmuls(onnx.load(str(int8_dir / "model.onnx"))))
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    plugin = [n for n in proto.graph.node if n.domain == DOMAIN]
+    assert plugin and all(producers.get(i) is None or producers[i].op_type not in ("QuantizeLinear", "DequantizeLinear")
+                          for n in plugin for i in n.input)
+    art = load_artifact(out)
+    assert art.rpe_plugin and art.quantization["matmuls"] == 16 and art.fidelity["int8"]["top1_agreement"] >= 0.9
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32), dtype=np.float32)
+    got = ort_session(out / "model.onnx", rpe_plugin=True).run(["logits"], {"images": x})[0]
+    want = ort_session(int8_dir / "model.onnx").run(["logits"], {"images": x})[0]
+    assert np.abs(got - want).max() <= 1e-3 * max(1.0, float(np.abs(want).max()))
+
+
+def test_scopes_name_the_matmuls_they_quantize() -> None:
+    """linear: qkv/proj/fc1/fc2; rpe: + every iRPE matmul; attention: + q @ k^T (attn @ v stays float: softmax
+    probabilities would waste half of signed int8); all: both. The head never."""
+    from irpe.export.bench import random_model
+    from irpe.export.onnx import build_onnx
+
+    model = random_model("deit_tiny_patch16_224_ctx_product_50_shared_k", img_size=32, rpe_on="qkv")
+    proto, depth = build_onnx(model), model.cfg.depth
+    counts = {s: len(matmuls_in_scope(proto, s)) for s in ("linear", "rpe", "attention", "all")}
+    assert counts == {"linear": 4 * depth, "rpe": 8 * depth, "attention": 5 * depth, "all": 9 * depth}
+    assert not any(n.endswith("/context") or n.startswith("head") for n in matmuls_in_scope(proto, "all"))

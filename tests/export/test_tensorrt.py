@@ -134,9 +134,9 @@ def test_engine_with_aot_plugins_matches_onnxruntime(tmp_path, fp16):
     assert report["ok"], report
 
 
-def test_export_for_tensorrt_writes_a_parser_compatible_variant_first(no_tensorrt, tmp_path):
-    """--format tensorrt on a value-side iRPE model: model.tensorrt.onnx (no ScatterND reduction) is written and
-    parity-checked before the engine build, which then fails here with the no-TensorRT message."""
+def test_export_for_tensorrt_needs_no_variant_for_value_side_irpe(no_tensorrt, tmp_path):
+    """--format tensorrt on a value-side iRPE model: model.onnx itself suits TensorRT's parser (no ScatterND
+    reduction), so no model.tensorrt.onnx is written; the engine build then fails with the no-TensorRT message."""
     import torch
 
     from irpe.export import export_artifact
@@ -149,6 +149,5 @@ def test_export_for_tensorrt_writes_a_parser_compatible_variant_first(no_tensorr
     with pytest.raises(ExportError, match="only the TensorRT engine is missing"):
         export_artifact(tmp_path / "m.pth", tmp_path / "out", name=name, formats="tensorrt", progress=False,
                         overrides={"img_size": 32, "num_classes": 4, "rpe_on": "qkv"})
-    variant = onnx.load(str(tmp_path / "out" / "model.tensorrt.onnx"))
-    assert trt_export.tensorrt_incompatibilities(variant) == []
-    assert trt_export.tensorrt_incompatibilities(onnx.load(str(tmp_path / "out" / "model.onnx")))
+    assert not (tmp_path / "out" / "model.tensorrt.onnx").exists()
+    assert trt_export.tensorrt_incompatibilities(onnx.load(str(tmp_path / "out" / "model.onnx"))) == []
