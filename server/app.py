@@ -37,7 +37,7 @@ log = logging.getLogger("irpe.server")
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.irpe
     try:
-        if state.engine is None:  # serve() loads before uvicorn starts; worker processes load here
+        if state.engine is None and state.repo is None:  # serve() loads before uvicorn starts; workers load here
             await asyncio.to_thread(state.load)
     except (ArtifactError, EngineError) as e:
         log.error("cannot load the model: %s", e)
@@ -111,6 +111,7 @@ def serve(settings: Settings) -> None:
     except ValueError as e:
         raise SystemExit(f"irpe serve: error: {e}") from None
     configure_logging(settings)
+    _check_repository_fits(settings)
     if settings.frontends:  # N HTTP processes + one engine process (issue 13)
         from .frontends import serve_frontends
 
@@ -132,6 +133,25 @@ def serve(settings: Settings) -> None:
     server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+def _check_repository_fits(settings: Settings) -> None:
+    """A model repository runs in one process (for now): refuse --frontends, and --workers with several
+    models or model control."""
+    from pathlib import Path
+
+    from .repo_layout import is_plain_artifact, scan
+
+    root = Path(settings.artifact_dir)
+    if is_plain_artifact(root) or not root.is_dir():
+        return
+    if settings.frontends:
+        raise SystemExit("irpe serve: error: --frontends serves one artifact directory; a model repository "
+                         "(<model>/<version>/) runs in one process: drop --frontends")
+    several = len(scan(root)) > 1 or settings.model_control != "none"
+    if several and settings.workers > 1:
+        raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "
+                         "would reach only one; with several models or --model-control use --workers 1")
 
 
 def announce(sock_name: tuple) -> None:
