@@ -257,8 +257,9 @@ class Repository:
         for v in d.config.policy.select(list(d.versions)):
             sig = signature(d.versions[v])
             old = tried.get(v)
-            if old is not None and old.signature == sig and (old.ready or not retry_failed):
-                continue
+            if old is not None and old.signature == sig and \
+                    (old.ready or not retry_failed and old.reason != "unloaded"):
+                continue  # loaded, or failed and unchanged on disk (a poll does not retry it)
             mv = self._build(name, v, d.versions[v], sig)
             if mv.state == "LOADING" and warm:
                 self._activate(mv)

@@ -234,3 +234,40 @@ def test_unloading_the_default_model_turns_readyz_but_not_healthz(server: Server
     finally:
         client.load_model("swap")
     assert httpx.get(server.url + "/readyz").status_code == 200
+
+
+def _until(check: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the repository change was not picked up in time"
+        time.sleep(0.1)
+
+
+def _version(url: str, model: str) -> str:
+    r = _classify(url, f"?model={model}")
+    return r.json()["version"] if r.status_code == 200 else f"HTTP {r.status_code}"
+
+
+def test_poll_picks_up_new_versions_and_models_on_openvino(tmp_path: Path) -> None:
+    """--model-control poll (and the OpenVINO backend: the repository sits above the Engine interface)."""
+    repo, staging = tmp_path / "repo", tmp_path / "staging"
+    constant_artifact(repo / "m" / "1", 1)
+    with serving(repo, "--model-control", "poll", "--poll-interval-s", "0.2", "--backend", "openvino") as server:
+        assert _version(server.url, "m") == "1"
+        constant_artifact(staging / "2", 2).rename(repo / "m" / "2")  # appears whole
+        _until(lambda: _version(server.url, "m") == "2")
+        shutil.rmtree(repo / "m" / "2")
+        _until(lambda: _version(server.url, "m") == "1")
+        assert _version(server.url, "n") == "HTTP 404"
+        constant_artifact(staging / "n" / "1", 7)
+        (staging / "n").rename(repo / "n")  # a new model
+        _until(lambda: _version(server.url, "n") == "1")
+        assert _top(_classify(server.url, "?model=n").json()) == 7
+        client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+        try:
+            with pytest.raises(InferenceServerException) as e:
+                client.unload_model("m")
+            assert e.value.status() == "400" and "not allowed" in str(e.value)
+            assert client.get_model_metadata("m")["platform"] == "openvino"
+        finally:
+            client.close()
