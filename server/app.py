@@ -143,12 +143,18 @@ def _check_repository_fits(settings: Settings) -> None:
     from .repo_layout import is_plain_artifact, scan
 
     root = Path(settings.artifact_dir)
-    if is_plain_artifact(root) or not root.is_dir():
+    if not root.is_dir():
+        return
+    names = sorted(scan(root))
+    if settings.default_model and settings.default_model not in names:
+        raise SystemExit(f"irpe serve: error: --default-model {settings.default_model!r} is not in {root} "
+                         f"(models: {names}); fix --default-model")
+    if is_plain_artifact(root):
         return
     if settings.frontends:
         raise SystemExit("irpe serve: error: --frontends serves one artifact directory; a model repository "
                          "(<model>/<version>/) runs in one process: drop --frontends")
-    several = len(scan(root)) > 1 or settings.model_control != "none"
+    several = len(names) > 1 or settings.model_control != "none"
     if several and settings.workers > 1:
         raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "
                          "would reach only one; with several models or --model-control use --workers 1")

@@ -285,3 +285,19 @@ def test_poll_picks_up_new_versions_and_models_on_openvino(tmp_path: Path) -> No
             assert client.get_model_metadata("m")["platform"] == "openvino"
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("flags, needle", [(("--frontends", "2"), "drop --frontends"),
+                                           (("--workers", "2"), "use --workers 1"),
+                                           (("--default-model", "nope"), "fix --default-model")])
+def test_what_a_repository_cannot_do_yet_is_one_line(repo: Path, flags: tuple[str, ...], needle: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.reliability.procs import REPO, server_env
+
+    proc = subprocess.run([sys.executable, "-m", "irpe", "serve", str(repo), "--port", "0", *flags], cwd=REPO,
+                          env=server_env(), capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and needle in lines[-1], proc.stderr
+    assert len(lines) == 1, proc.stderr
