@@ -115,6 +115,9 @@ def test_routes_by_model_and_version_with_the_version_policy(server: ServerProce
     assert client.is_model_ready("multi", "2") and not client.is_model_ready("multi", "3")
     stats = client.get_inference_statistics("multi")["model_stats"]
     assert {s["version"] for s in stats} == {"1", "2"}
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'irpe_model_images_total{model="multi",version="1"} 3.0' in metrics  # 1 /classify + 2 /v2 images
+    assert 'irpe_model_ready{model="multi",version="2"} 1.0' in metrics
     with pytest.raises(InferenceServerException) as e:
         client.infer("multi", [inp], model_version="3")
     assert e.value.status() == "404" and "version 3" in str(e.value)
