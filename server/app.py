@@ -151,9 +151,9 @@ def _check_repository_fits(settings: Settings) -> None:
                          f"(models: {names}); fix --default-model")
     if is_plain_artifact(root):
         return
-    if settings.frontends:
-        raise SystemExit("irpe serve: error: --frontends serves one artifact directory; a model repository "
-                         "(<model>/<version>/) runs in one process: drop --frontends")
+    if settings.frontends and settings.model_control != "none":
+        raise SystemExit("irpe serve: error: --frontends serves a fixed set of models; --model-control "
+                         f"{settings.model_control} runs in one process: drop --frontends")
     several = len(names) > 1 or settings.model_control != "none"
     if several and settings.workers > 1:
         raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "

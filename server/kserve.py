@@ -97,7 +97,7 @@ async def _infer_on(request: Request, state: ServerState, mv: ModelVersion, star
     return Response(body, media_type=media, headers=headers)
 
 
-_MODEL_ERRORS = v2_error_responses(401, 404)
+_MODEL_ERRORS = v2_error_responses(401, 404, 503)
 _INFER_ERRORS = v2_error_responses(400, 401, 404, 413, 415, 500, 503, 504)
 _READY_503 = {503: {"description": "not ready (body says ready: false)"}}
 

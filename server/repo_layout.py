@@ -149,9 +149,9 @@ def check_layout(root: Path) -> dict[str, ModelDir]:
     """:func:`scan`, refusing a repository without a single ``<model>/<version>/`` directory."""
     models = scan(root)
     if not any(m.versions for m in models.values()):
-        raise RepositoryError(f"{root}: neither an artifact directory (no model.json) nor a model repository "
-                              "(no <model>/<version>/ directories, version = a positive integer); see "
-                              "docs/serving.md, 'Model repository'")
+        raise RepositoryError(f"{root}: neither an artifact directory (no model.json: write one with `irpe export`) "
+                              "nor a model repository (no <model>/<version>/ directories, version = a positive "
+                              "integer); see docs/serving.md, 'Model repository'")
     return models
 
 

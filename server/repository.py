@@ -198,7 +198,7 @@ class Repository:
         with self._control:
             for vs in list(self.records.values()):
                 for mv in list(vs.values()):
-                    if mv.state == "LOADING" and mv.engine is not None:
+                    if mv.state == "LOADING" and mv.batcher is not None:
                         self._activate(mv)
             for name in list(self.records):
                 self._retire_replaced(name)

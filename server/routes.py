@@ -77,7 +77,7 @@ def _timing(decode_s: float, results: list[Result], started: float) -> dict[str,
 
 @router.post("/classify", response_model=None, openapi_extra=_CLASSIFY_BODY,
              responses={200: {"model": ClassifyResponse},
-                        **error_responses(400, 401, 413, 415, 422, 500, 503, 504)}, tags=["classify"])
+                        **error_responses(400, 401, 404, 413, 415, 422, 500, 503, 504)}, tags=["classify"])
 async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1, description="classes per image"),
                    model: str | None = Query(None, description="model name (default: the default model)"),
                    version: str | None = Query(None, description="model version (default: the newest loaded)"),

@@ -20,7 +20,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.reliability.procs import ServerProcess, serving
-from tests.server.helpers import CROP, NUM_CLASSES, encode, handmade_artifact, image
+from tests.server.helpers import CROP, NUM_CLASSES, encode, free_port, handmade_artifact, image, wait_ready
 
 PNG = {"content-type": "image/png"}
 
@@ -290,7 +290,7 @@ def test_poll_picks_up_new_versions_and_models_on_openvino(tmp_path: Path) -> No
             client.close()
 
 
-@pytest.mark.parametrize("flags, needle", [(("--frontends", "2"), "drop --frontends"),
+@pytest.mark.parametrize("flags, needle", [(("--frontends", "2", "--model-control", "poll"), "drop --frontends"),
                                            (("--workers", "2"), "use --workers 1"),
                                            (("--default-model", "nope"), "fix --default-model")])
 def test_what_a_repository_cannot_do_yet_is_one_line(repo: Path, flags: tuple[str, ...], needle: str) -> None:
@@ -304,3 +304,63 @@ def test_what_a_repository_cannot_do_yet_is_one_line(repo: Path, flags: tuple[st
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and needle in lines[-1], proc.stderr
     assert len(lines) == 1, proc.stderr
+
+
+def pooled_artifact(directory: Path, crop: int, top: int, name: str = "pooled") -> Path:
+    """A model for ``crop`` x ``crop`` images (mean-pooled) whose class ``top`` always wins."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    from irpe.artifact import ModelArtifact, Preprocess, file_sha256, save_artifact
+
+    bias = np.zeros(NUM_CLASSES, np.float32)
+    bias[top] = 5.0
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
+         helper.make_node("MatMul", ["pooled", "W"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"])],
+        name, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, crop, crop])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])],
+        initializer=[numpy_helper.from_array(np.zeros((3, NUM_CLASSES), np.float32), "W"),
+                     numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    directory.mkdir(parents=True, exist_ok=True)
+    save(model, str(directory / "model.onnx"))
+    save_artifact(ModelArtifact(name=name, architecture={"kind": "handmade"}, img_size=crop, num_classes=NUM_CLASSES,
+                                preprocess=Preprocess(resize=crop + 4, crop=crop),
+                                labels=[f"class_{i}" for i in range(NUM_CLASSES)],
+                                onnx_sha256=file_sha256(directory / "model.onnx")), directory)
+    return directory
+
+
+def test_frontends_route_by_model_and_version(tmp_path: Path) -> None:
+    """--frontends 2 over a repository: two crop sizes (two slot pools), routing by name and version in the
+    engine process, the same answers as one process would give."""
+    pooled_artifact(tmp_path / "small" / "1", 24, 2)
+    pooled_artifact(tmp_path / "small" / "2", 24, 3)
+    (tmp_path / "small" / "config.json").write_text('{"version_policy": {"all": {}}}')
+    constant_artifact(tmp_path / "big" / "1", 1)
+    from tests.server.test_frontends import _serve, _stop
+
+    port = free_port()  # a --frontends server does not announce its port yet (issue 13 adds it)
+    proc = _serve(tmp_path, port, "--default-model", "big")
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", tmp_path / "unused.log")
+    try:
+        wait_ready(server.url, timeout=60)
+        answers = [_classify(server.url, q) for q in ("", "?model=small", "?model=small&version=1") * 4]
+        assert [r.status_code for r in answers] == [200] * 12
+        got = {(r.json()["model"], r.json()["version"], _top(r.json())) for r in answers}
+        assert got == {("big", "1", 1), ("small", "2", 3), ("small", "1", 2)}
+        assert _classify(server.url, "?model=small&version=7").status_code == 404
+        assert _classify(server.url, "?model=nope").status_code == 404
+        client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+        try:
+            x = np.zeros((2, 3, 24, 24), np.float32)
+            inp = triton.InferInput("images", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            res = client.infer("small", [inp], model_version="1")
+            assert res.as_numpy("logits").argmax(1).tolist() == [2, 2]
+            assert {r["name"] for r in client.get_model_repository_index()} == {"big", "small"}
+        finally:
+            client.close()
+    finally:
+        _stop(proc)
