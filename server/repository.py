@@ -263,11 +263,15 @@ class Repository:
             mv = self._build(name, v, d.versions[v], sig)
             if mv.state == "LOADING" and warm:
                 self._activate(mv)
-            failed = failed or (mv if mv.state == "UNAVAILABLE" else None)
-            if old is not None and old.ready and mv.state != "UNAVAILABLE":
+            if mv.state == "UNAVAILABLE":
+                failed = failed or mv
+                if old is None or not old.ready:  # a version rewritten badly in place: the old one stays
+                    tried[v] = mv
+                continue
+            with self._route:
+                tried[v] = mv  # routable before the version it replaces stops taking requests
+            if old is not None and old.ready:
                 self._retire(old)
-            if old is None or not old.ready or mv.state != "UNAVAILABLE":
-                tried[v] = mv
         if warm:
             self._retire_replaced(name)
         return failed

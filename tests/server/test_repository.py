@@ -126,7 +126,8 @@ def test_routes_by_model_and_version_with_the_version_policy(server: ServerProce
     assert e.value.status() == "404" and "not-there" in str(e.value)
 
 
-async def _hammer(url: str, n: int, concurrency: int, log: list[tuple[float, float, int, str, int]]) -> None:
+async def _hammer(url: str, n: int, concurrency: int, log: list[tuple[float, float, int, str, int]],
+                  model: str = "swap") -> None:
     """``n`` /classify requests on ``concurrency`` connections; (sent, answered, status, version, top) each."""
     body = encode(image())
     left = iter(range(n))
@@ -134,7 +135,7 @@ async def _hammer(url: str, n: int, concurrency: int, log: list[tuple[float, flo
         async def worker() -> None:
             for _ in left:
                 sent = time.monotonic()
-                r = await c.post(url + "/classify?model=swap", content=body, headers=PNG)
+                r = await c.post(f"{url}/classify?model={model}", content=body, headers=PNG)
                 j = r.json() if r.status_code == 200 else {}
                 log.append((sent, time.monotonic(), r.status_code, j.get("version", ""),
                             _top(j) if j else -1))
@@ -364,3 +365,21 @@ def test_frontends_route_by_model_and_version(tmp_path: Path) -> None:
             client.close()
     finally:
         _stop(proc)
+
+
+def test_a_version_rewritten_in_place_is_reloaded_without_a_failed_request(
+        server: ServerProcess, repo: Path, client: triton.InferenceServerClient) -> None:
+    staging = repo.parent / "staging-multi-1"
+    constant_artifact(staging, 8)
+    log: list[tuple[float, float, int, str, int]] = []
+    load = threading.Thread(target=lambda: asyncio.run(_hammer(server.url, 300, 8, log, "multi&version=1")))
+    load.start()
+    while len(log) < 50 and load.is_alive():
+        time.sleep(0.01)
+    shutil.rmtree(repo / "multi" / "1")
+    staging.rename(repo / "multi" / "1")
+    client.load_model("multi")  # version 1 changed on disk: reloaded, the old copy drained
+    load.join(60)
+    assert {s for _, _, s, _, _ in log} == {200}, log
+    tops = [top for *_, top in log]
+    assert tops[0] == 4 and tops[-1] == 8 and set(tops) == {4, 8}
