@@ -158,6 +158,19 @@ class Repository:
             with self._route:
                 mv.users -= 1
 
+    def check_alive(self, mv: ModelVersion) -> None:
+        """A version whose inference thread died (an error outside the engine call) turns UNAVAILABLE:
+        503 with the reason now and for later requests, until it is loaded again."""
+        b = mv.batcher
+        if b is None or b.stopping or not any(t.ident is not None and not t.is_alive()
+                                              for t in getattr(b, "_threads", [])):
+            return
+        with self._route:
+            mv.state = "UNAVAILABLE"
+            mv.reason = "an inference worker thread stopped (see the server log); load the model again or restart"
+        log.error("model %s version %d: inference worker thread died; it answers 503", mv.name, mv.version)
+        raise APIError(503, "not_ready", f"model '{mv.name}' version {mv.version}: {mv.reason}", {"Retry-After": "1"})
+
     def versions(self, failed: bool = False) -> list[ModelVersion]:
         """Every READY version, by model and version (``failed``: and those that failed to warm up)."""
         return [mv for n in sorted(self.records) for _, mv in sorted(self.records[n].items())

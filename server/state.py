@@ -160,6 +160,7 @@ class ServerState:
             return
         self.check_workers()
         with self.repo.acquire(name, version) as mv:
+            self.repo.check_alive(mv)
             yield mv
 
     def check_workers(self) -> None:

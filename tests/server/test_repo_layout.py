@@ -79,3 +79,37 @@ def test_a_busy_model_does_not_starve_another() -> None:
     for t in workers:
         t.join(5)
     assert order.index("b") - before <= 2, order
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path) -> None:
+    import asyncio
+
+    from irpe.server.config import Settings
+    from irpe.server.errors import APIError
+    from irpe.server.state import ServerState
+
+    make_artifact(tmp_path / "a" / "1")
+    make_artifact(tmp_path / "b" / "1")
+    state = ServerState(Settings(artifact_dir=str(tmp_path), inference_threads=1))
+    state.load()
+    state.warm()
+    try:
+        with state.use("b") as mv:
+            mv.batcher._run = lambda x: np.zeros((0, 10), np.float32)  # type: ignore[union-attr]  # IndexError
+
+            async def submit() -> None:
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(mv.batcher.submit([np.zeros((3, 32, 32), np.float32)]), 1.0)
+
+            asyncio.run(submit())
+            mv.batcher._threads[0].join(5)  # type: ignore[union-attr]
+        for _ in range(2):  # the first request finds it, the next one is refused by the lookup
+            with pytest.raises(APIError) as e, state.use("b"):
+                pass
+            assert e.value.status == 503 and "worker thread stopped" in e.value.message
+        with state.use("a") as other:
+            assert other.ready and state.ready  # the default model and the server are unaffected
+        assert {r["name"]: r["state"] for r in state.repo.index()} == {"a": "READY", "b": "UNAVAILABLE"}
+    finally:
+        state.shutdown()
