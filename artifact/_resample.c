@@ -4,7 +4,11 @@
  *     dst[i, :] = clamp((2^21 + sum_t kk[i, t] * src[bounds[2i] + t, :]) >> 22, 0, 255)
  * with t < bounds[2i + 1]: Pillow's fixed-point 8-bit convolution (22 fraction bits), applied along
  * the first axis so the inner loop runs over contiguous bytes and the compiler vectorises it.
- * transpose(src, rows, cols, pixel, dst): dst[c, r, :] = src[r, c, :] for pixels of ``pixel`` bytes.
+ * transpose(src, rows, cols, pixel, dst[, offset, stride]): dst[c, r, :] = src[r, c, :] for pixels of
+ *     ``pixel`` bytes; with ``offset`` and ``stride`` (bytes), row r starts at src + offset + r * stride (a
+ *     window of a larger image, read in place).
+ * lookup(src, pixels, table, dst): dst[c, i] = table[c, src[i, c]] for 3-channel uint8 pixels and a
+ *     (3, 256) float32 table: scale + normalise by table lookup, HWC uint8 -> CHW float32 in one pass.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -91,14 +95,14 @@ static PyObject *rows(PyObject *self, PyObject *args) {
 }
 
 static inline void transpose_tiles(const uint8_t *src, Py_ssize_t nr, Py_ssize_t nc, Py_ssize_t px,
-                                   uint8_t *dst) {
+                                   Py_ssize_t stride, uint8_t *dst) {
     const Py_ssize_t tile = 16;
     for (Py_ssize_t r0 = 0; r0 < nr; r0 += tile) {
         const Py_ssize_t r1 = r0 + tile < nr ? r0 + tile : nr;
         for (Py_ssize_t c0 = 0; c0 < nc; c0 += tile) {
             const Py_ssize_t c1 = c0 + tile < nc ? c0 + tile : nc;
             for (Py_ssize_t r = r0; r < r1; r++) {
-                const uint8_t *in = src + (r * nc + c0) * px;
+                const uint8_t *in = src + r * stride + c0 * px;
                 uint8_t *out = dst + (c0 * nr + r) * px;
                 for (Py_ssize_t c = c0; c < c1; c++, in += px, out += nr * px) {
                     memcpy(out, in, (size_t)px);  /* constant px after inlining: plain moves */
@@ -108,27 +112,35 @@ static inline void transpose_tiles(const uint8_t *src, Py_ssize_t nr, Py_ssize_t
     }
 }
 
-static void transpose_any(const uint8_t *src, Py_ssize_t nr, Py_ssize_t nc, Py_ssize_t px, uint8_t *dst) {
+static void transpose_any(const uint8_t *src, Py_ssize_t nr, Py_ssize_t nc, Py_ssize_t px, Py_ssize_t stride,
+                          uint8_t *dst) {
     if (px == 3) {
-        transpose_tiles(src, nr, nc, 3, dst);
+        transpose_tiles(src, nr, nc, 3, stride, dst);
     } else if (px == 1) {
-        transpose_tiles(src, nr, nc, 1, dst);
+        transpose_tiles(src, nr, nc, 1, stride, dst);
     } else {
-        transpose_tiles(src, nr, nc, px, dst);
+        transpose_tiles(src, nr, nc, px, stride, dst);
     }
 }
 
 static PyObject *transpose(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
-    Py_ssize_t nr, nc, px;
-    if (!PyArg_ParseTuple(args, "y*nnnw*", &src, &nr, &nc, &px, &dst)) {
+    Py_ssize_t nr, nc, px, offset = 0, stride = -1;
+    if (!PyArg_ParseTuple(args, "y*nnnw*|nn", &src, &nr, &nc, &px, &dst, &offset, &stride)) {
         return NULL;
     }
     PyObject *result = NULL;
-    if (nr >= 0 && nc >= 0 && px > 0 && check_size(&src, nr * nc * px, "src") &&
-        check_size(&dst, nr * nc * px, "dst")) {
+    if (stride < 0) {
+        stride = nc * px;
+    }
+    /* the last row read ends at offset + (nr - 1) * stride + nc * px */
+    int ok = nr >= 0 && nc >= 0 && px > 0 && offset >= 0 && stride >= nc * px;
+    if (ok && nr > 0 && nc > 0) {
+        ok = check_size(&src, offset + (nr - 1) * stride + nc * px, "src");
+    }
+    if (ok && check_size(&dst, nr * nc * px, "dst")) {
         Py_BEGIN_ALLOW_THREADS
-        transpose_any(src.buf, nr, nc, px, dst.buf);
+        transpose_any((const uint8_t *)src.buf + offset, nr, nc, px, stride, dst.buf);
         Py_END_ALLOW_THREADS
         result = Py_None;
         Py_INCREF(result);
@@ -140,9 +152,44 @@ static PyObject *transpose(PyObject *self, PyObject *args) {
     return result;
 }
 
+static void lookup3(const uint8_t *src, Py_ssize_t n, const float *table, float *dst) {
+    const float *t0 = table, *t1 = table + 256, *t2 = table + 512;
+    float *d0 = dst, *d1 = dst + n, *d2 = dst + 2 * n;
+    for (Py_ssize_t i = 0; i < n; i++, src += 3) {
+        d0[i] = t0[src[0]];
+        d1[i] = t1[src[1]];
+        d2[i] = t2[src[2]];
+    }
+}
+
+static PyObject *lookup(PyObject *self, PyObject *args) {
+    Py_buffer src, table, dst;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*ny*w*", &src, &n, &table, &dst)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (n >= 0 && check_size(&src, 3 * n, "src") && check_size(&table, 3 * 256 * (Py_ssize_t)sizeof(float), "table") &&
+        check_size(&dst, 3 * n * (Py_ssize_t)sizeof(float), "dst")) {
+        Py_BEGIN_ALLOW_THREADS
+        lookup3(src.buf, n, table.buf, dst.buf);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "lookup: bad sizes");
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS, "rows(src, nrows, rowlen, bounds, kk, ksize, dst): fixed-point convolution along axis 0"},
-    {"transpose", transpose, METH_VARARGS, "transpose(src, rows, cols, pixel_bytes, dst): swap the first two axes"},
+    {"transpose", transpose, METH_VARARGS,
+     "transpose(src, rows, cols, pixel_bytes, dst[, offset, stride]): swap the first two axes"},
+    {"lookup", lookup, METH_VARARGS, "lookup(src, pixels, table, dst): HWC uint8 -> CHW float32 via a (3, 256) table"},
     {NULL, NULL, 0, NULL},
 };
 

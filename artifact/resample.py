@@ -166,12 +166,21 @@ def _window(size: int, new_size: int, offset: int, crop: int, interpolation: str
     return shifted, weights, first, last
 
 
-def resize_crop(img: Image.Image, size: int, crop: int, interpolation: str) -> np.ndarray | None:
+def resize_crop(img: Image.Image | np.ndarray, size: int, crop: int, interpolation: str) -> np.ndarray | None:
     """``center_crop(resize_shorter(img, size), crop)`` as a (crop, crop, 3) uint8 array, or ``None``
-    when the fast path does not apply (the caller then uses Pillow)."""
-    if not available() or img.mode != "RGB" or interpolation not in _SUPPORT:
+    when the fast path does not apply (the caller then uses Pillow). ``img``: an RGB image, or its pixels
+    as a C-contiguous (height, width, 3) uint8 array (read in place: no Pillow image, no copy)."""
+    if isinstance(img, np.ndarray):
+        if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8 or not img.flags.c_contiguous \
+                or not hasattr(_resample, "lookup"):  # an extension built before the strided transpose
+            return None
+        h, w = img.shape[:2]
+    elif img.mode != "RGB":
         return None
-    w, h = img.size
+    else:
+        w, h = img.size
+    if not available() or interpolation not in _SUPPORT:
+        return None
     nw, nh = resized_size(w, h, size)
     if crop > nw or crop > nh:
         return None
@@ -188,15 +197,30 @@ def resize_crop(img: Image.Image, size: int, crop: int, interpolation: str) -> n
                   for a, b in _spans(c0, c1, r1 - r0)]
         return _horizontal(np.concatenate(strips, axis=1), cols)
     if cols:  # likewise on strips of rows
-        band = np.concatenate([_horizontal(_region(img, (c0, a, c1, b)), cols)
+        band = np.concatenate([_transpose(_convolve(_transposed(img, (c0, a, c1, b)), cols[0], cols[1]))
                                for a, b in _spans(r0, r1, c1 - c0)], axis=0)
     else:
         band = _region(img, (c0, r0, c1, r1))
     return _convolve(band, rows[0], rows[1]) if rows else band
 
 
-def _region(img: Image.Image, box: tuple[int, int, int, int]) -> np.ndarray:
+def _region(img: Image.Image | np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
+    """The (left, top, right, bottom) window of ``img`` as a C-contiguous array."""
+    if isinstance(img, np.ndarray):
+        left, top, right, bottom = box
+        return np.ascontiguousarray(img[top:bottom, left:right])
     return np.asarray(img if box == (0, 0, *img.size) else img.crop(box))
+
+
+def _transposed(img: Image.Image | np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
+    """The window ``box`` of ``img`` with its first two axes swapped (an array is read in place)."""
+    if not isinstance(img, np.ndarray):
+        return _transpose(_region(img, box))
+    left, top, right, bottom = box
+    out = np.empty((right - left, bottom - top, 3), dtype=np.uint8)
+    stride = img.strides[0]
+    _resample.transpose(img, bottom - top, right - left, 3, out, top * stride + left * 3, stride)
+    return out
 
 
 STRIP_PIXELS = 1 << 20  # pixels per strip of the first pass (~3 MB of RGB)
@@ -210,3 +234,14 @@ def _spans(start: int, stop: int, across: int) -> list[tuple[int, int]]:
 
 def _horizontal(band: np.ndarray, cols: tuple[np.ndarray, np.ndarray, int, int]) -> np.ndarray:
     return _transpose(_convolve(_transpose(band), cols[0], cols[1]))
+
+
+def lookup(u8: np.ndarray, table: np.ndarray) -> np.ndarray | None:
+    """(H, W, 3) uint8 -> (3, H, W) float32 with ``out[c] = table[c, u8[..., c]]`` (``table``: (3, 256)
+    float32) in one C pass; ``None`` without the compiled kernels."""
+    if _resample is None or not hasattr(_resample, "lookup"):
+        return None
+    u8 = np.ascontiguousarray(u8)
+    out = np.empty((3, *u8.shape[:2]), dtype=np.float32)
+    _resample.lookup(u8, u8.shape[0] * u8.shape[1], np.ascontiguousarray(table, dtype=np.float32), out)
+    return out

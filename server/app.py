@@ -25,6 +25,7 @@ from . import kserve, routes
 from .config import Settings
 from .engine import EngineError
 from .errors import drop_default_validation_error, install_error_handlers
+from .memory import tune_gc
 from .middleware import ObserveMiddleware
 from .protocol import protocol_factory
 from .state import ServerState
@@ -111,11 +112,12 @@ def serve(settings: Settings) -> None:
     except ValueError as e:
         raise SystemExit(f"irpe serve: error: {e}") from None
     configure_logging(settings)
-    _check_repository_fits(settings)
-    if settings.frontends:  # N HTTP processes + one engine process (issue 13)
-        from .frontends import serve_frontends
+    frontends = settings.frontends if settings.frontends < -1 else settings.resolved_frontends()
+    _check_repository_fits(settings, frontends)
+    if frontends:
+        from .frontends import serve_frontends  # N HTTP processes + one engine process (issue 13)
 
-        code = serve_frontends(settings, settings.frontends)
+        code = serve_frontends(settings, frontends)
         if code:
             raise SystemExit(code)
         return
@@ -128,6 +130,7 @@ def serve(settings: Settings) -> None:
         app.state.irpe.load()
     except (ArtifactError, EngineError) as e:
         raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
+    tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     server = _AnnouncingServer(config)
     server.run()
@@ -135,9 +138,9 @@ def serve(settings: Settings) -> None:
         raise SystemExit(3)
 
 
-def _check_repository_fits(settings: Settings) -> None:
-    """A model repository runs in one process (for now): refuse --frontends, and --workers with several
-    models or model control."""
+def _check_repository_fits(settings: Settings, frontends: int) -> None:
+    """A model repository with model control runs in one process: refuse --frontends with it, and --workers
+    with several models or model control."""
     from pathlib import Path
 
     from .repo_layout import is_plain_artifact, scan
@@ -151,7 +154,7 @@ def _check_repository_fits(settings: Settings) -> None:
                          f"(models: {names}); fix --default-model")
     if is_plain_artifact(root):
         return
-    if settings.frontends and settings.model_control != "none":
+    if frontends and settings.model_control != "none":
         raise SystemExit("irpe serve: error: --frontends serves a fixed set of models; --model-control "
                          f"{settings.model_control} runs in one process: drop --frontends")
     several = len(names) > 1 or settings.model_control != "none"

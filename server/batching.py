@@ -67,6 +67,14 @@ def settle(future: asyncio.Future, value: object, error: BaseException | None) -
         future.set_result(value)
 
 
+def _expire(items: list[_Item]) -> None:
+    """A submit's timeout: its first unanswered image fails the wait with TimeoutError."""
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(asyncio.TimeoutError())
+            return
+
+
 def _resolve_all(pairs: list[tuple[asyncio.Future, Result | None]], error: BaseException | None) -> None:
     for future, value in pairs:
         settle(future, value, error)
@@ -111,8 +119,9 @@ class Batcher:
         for t in self._threads:
             t.start()
 
-    async def submit(self, images: list[np.ndarray]) -> list[Result]:
-        """Queue ``images`` (all or none) and wait for their results; cancel to give up."""
+    async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]:
+        """Queue ``images`` (all or none) and wait for their results; cancel to give up. ``timeout``:
+        ``asyncio.TimeoutError`` after that many seconds (the images are then skipped, as on cancel)."""
         loop = asyncio.get_running_loop()
         submitted = time.perf_counter()
         items = [_Item(x, loop.create_future(), loop) for x in images]
@@ -125,11 +134,17 @@ class Batcher:
             self.metrics.queue_depth.set(len(self._queue))
             self._cond.notify()  # one free thread takes it; waking them all costs GIL hand-offs per request
         ok = False
+        timer = loop.call_later(timeout, _expire, items) if timeout is not None else None  # no wait_for task
         try:
-            results = list(await asyncio.gather(*(i.future for i in items)))
+            if len(items) == 1:  # the common case: no gathering future
+                results = [await items[0].future]
+            else:
+                results = list(await asyncio.gather(*(i.future for i in items)))
             ok = True
             return results
         finally:
+            if timer is not None:
+                timer.cancel()
             self.stats.request(ok, time.perf_counter() - submitted)
             for i in items:
                 i.future.cancel()  # no-op when done; marks abandoned items so the thread skips them
@@ -180,7 +195,7 @@ class Batcher:
     def _infer(self, batch: list[_Item]) -> None:
         start = time.perf_counter()
         try:
-            x = np.stack([i.x for i in batch])
+            x = batch[0].x[None] if len(batch) == 1 else np.stack([i.x for i in batch])  # one: a view, no copy
             stacked = time.perf_counter()
             out = self._run(x)
             error: BaseException | None = None

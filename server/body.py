@@ -70,7 +70,63 @@ class ImageFormParser(MultiPartParser):
 
 
 async def _read_multipart(request: Request, limit: int, max_files: int) -> list[bytes]:
-    parser = ImageFormParser(request.headers, limited_stream(request, limit), max_files=max_files + 1)
+    body = await read_limited(request, limit)
+    files = split_files(body, request.headers.get("content-type", ""), max_files)
+    if files is not None:  # the common body: one or a few plain `file` parts
+        return files
+    return await _parse_multipart(request, _replay(body), max_files)
+
+
+async def _replay(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+def split_files(body: bytes, content_type: str, max_files: int) -> list[bytes] | None:
+    """The ``file`` parts of a well-formed multipart body whose every part is a ``file`` part with at most
+    Content-Disposition and Content-Type headers (1..max_files of them); ``None`` for anything else, which
+    then goes through the full parser (its answers and errors unchanged). A few ``find`` calls instead of
+    python-multipart's callbacks and a spooled temporary file per part."""
+    boundary = parse_options_header(content_type)[1].get(b"boundary")
+    if not boundary:
+        return None
+    delim = b"--" + boundary
+    if not body.startswith(delim + b"\r\n"):
+        return None
+    files: list[bytes] = []
+    pos = len(delim) + 2
+    while len(files) < max_files:
+        head_end = body.find(b"\r\n\r\n", pos)
+        end = body.find(b"\r\n" + delim, head_end + 4) if head_end >= 0 else -1
+        if end < 0 or not _is_file_part(body[pos:head_end]):
+            return None
+        files.append(body[head_end + 4:end])
+        pos = end + 2 + len(delim)
+        if body[pos:pos + 2] == b"--":
+            return files if body[pos + 2:] in (b"", b"\r\n") else None
+        if body[pos:pos + 2] != b"\r\n":
+            return None
+        pos += 2
+    return None
+
+
+def _is_file_part(head: bytes) -> bool:
+    """True for part headers that are exactly a form-data disposition named ``file`` (and a content type)."""
+    names = []
+    for line in head.split(b"\r\n"):
+        name, colon, value = line.partition(b":")
+        name = name.lower()
+        if not colon or name not in (b"content-disposition", b"content-type") or name in names:
+            return False
+        names.append(name)
+        if name == b"content-disposition":
+            kind, options = parse_options_header(value)
+            if kind != b"form-data" or options.get(b"name") != FILE_FIELD.encode():
+                return False
+    return b"content-disposition" in names
+
+
+async def _parse_multipart(request: Request, stream: AsyncIterator[bytes], max_files: int) -> list[bytes]:
+    parser = ImageFormParser(request.headers, stream, max_files=max_files + 1)
     try:
         form = await parser.parse()
     except MultiPartException as e:

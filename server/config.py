@@ -48,7 +48,7 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 256
     allowed_hosts: str = ""
-    frontends: int = 0  # HTTP front-end processes feeding one engine process; 0: one process, -1: auto
+    frontends: int = -1  # HTTP front-end processes feeding one engine process; 0: one process, -1: auto
     model_control: str = "none"  # model repository (issue 19): none | poll | explicit
     poll_interval_s: float = 5.0
     default_model: str = ""  # the model /classify serves without ?model= (default: the only/first one)
@@ -60,6 +60,8 @@ class Settings:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(f"IRPE_{f.name.upper()}")
+            if f.name == "frontends" and raw is not None and raw.strip().lower() == "auto":
+                raw = "-1"  # IRPE_FRONTENDS=auto, as --frontends auto
             if raw is not None and raw != "":
                 values[f.name] = _parse(f.name, raw, type(getattr(cls(), f.name)))
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -138,6 +140,15 @@ class Settings:
     def resolved_inference_threads(self) -> int:
         """Auto: one worker per core on CPU (single-threaded sessions), one worker on a GPU."""
         return self.inference_threads or (1 if self.device == "cuda" else usable_cpus())
+
+    def resolved_frontends(self) -> int:
+        """Front-end processes (0: one process). Auto: on a GPU, one per usable core but one (kept for the
+        engine process: batcher, CUDA driver threads), as decoding is the limit there; on a CPU, one process,
+        as the engine needs the cores too and front-end processes only add the hand-off (``irpe bench serve
+        --frontend``: --frontends 1 costs about what one process costs per request on 2 cores)."""
+        if self.frontends >= 0:
+            return self.frontends
+        return max(1, usable_cpus() - 1) if self.device == "cuda" else 0
 
     def resolved_threads(self) -> int:
         """ONNX Runtime intra-op threads per worker; auto splits the cores between the workers."""

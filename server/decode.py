@@ -13,8 +13,10 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -22,6 +24,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from irpe.artifact import Preprocess
 from irpe.artifact.preprocess import preprocess_image
 
+from . import jpeg
 from .errors import APIError
 
 FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF", "TIFF"})
@@ -31,6 +34,7 @@ _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
 _CHUNK = 1 << 20  # pixels converted at a time from 16/32-bit modes (bounds the temporary copies)
 MAX_JPEG_SCANS = 100
 log = logging.getLogger("irpe.server")
+T = TypeVar("T")
 
 
 class PixelBudget:
@@ -60,6 +64,21 @@ class PixelBudget:
             with self._cond:
                 self.free += n
                 self._cond.notify_all()
+
+
+class InlineExecutor(Executor):
+    """An executor that runs each job at once in the calling thread (a front-end process's event loop:
+    no thread hand-off, no GIL contention; the process itself is the unit of parallelism)."""
+
+    _max_workers = 1  # read by ServerState.preprocess's fair share
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # delivered to the awaiting coroutine, as a pool thread would
+            future.set_exception(e)
+        return future
 
 
 _NEXT_MARKER = re.compile(rb"\xff+[^\x00\xd0-\xd7\xff]")
@@ -220,13 +239,22 @@ def prepare(data: bytes, pp: Preprocess, max_pixels: int, jpeg_draft: bool = Fal
 
 def _prepare_open(data: bytes, img: Image.Image, pp: Preprocess, max_pixels: int, jpeg_draft: bool,
                   max_scans: int) -> np.ndarray:
+    if not jpeg_draft and jpeg.applies(img, pp):  # the common upload, bit-exact without a Pillow image
+        check_scans(data, img, max_scans)
+        _check_resized(*img.size, pp, max_pixels)
+        if (x := jpeg.prepare_jpeg(data, pp)) is not None:
+            return x
     img = decode_image(data, max_pixels, draft_size=pp.resize if jpeg_draft else 0, max_scans=max_scans, img=img)
-    w, h = img.size  # resizing the shorter side to pp.resize must not blow up a thin image (1x40M -> 36x1.4G)
-    resized = pp.resize * int(pp.resize * max(w, h) / min(w, h))
-    if resized > max_pixels:
-        raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {pp.resize} "
-                       f"would give {resized} pixels, over the limit {max_pixels} (--max-pixels); crop it first")
+    _check_resized(*img.size, pp, max_pixels)
     try:
         return preprocess_image(img, pp)
     except MemoryError:
         raise APIError(413, "too_many_pixels", "image too large to resize in the memory available") from None
+
+
+def _check_resized(w: int, h: int, pp: Preprocess, max_pixels: int) -> None:
+    """Resizing the shorter side to pp.resize must not blow up a thin image (1x40M -> 36x1.4G)."""
+    resized = pp.resize * int(pp.resize * max(w, h) / min(w, h))
+    if resized > max_pixels:
+        raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {pp.resize} "
+                       f"would give {resized} pixels, over the limit {max_pixels} (--max-pixels); crop it first")

@@ -26,6 +26,7 @@ from .batching import BatcherStoppedError, QueueFullError, Result
 from .config import Settings
 from .engine import EngineError
 from .errors import APIError
+from .memory import tune_gc
 from .shm import attach, pack, read_frame
 from .state import ServerState
 
@@ -49,7 +50,7 @@ async def answer(state: ServerState, array: np.ndarray, head: dict[str, Any]) ->
                 return pack({"id": rid, "err": "not_ready", "msg": state.failure or "engine is warming up"})
             views = [array[i] for i in head["slots"]]
             left = float(head.get("timeout", state.settings.timeout_s))
-            results = await asyncio.wait_for(state.batcher.submit(views), max(left, 0.001))
+            results = await state.batcher.submit(views, timeout=max(left, 0.001))
     except APIError as e:  # unknown model or version (404), a version that is not available (503)
         code = "model_not_found" if e.status == 404 else "not_ready"
         return pack({"id": rid, "err": code, "msg": e.message})
@@ -73,7 +74,7 @@ async def _routed(state: ServerState, array: np.ndarray, head: dict[str, Any]) -
     with state.repo.acquire(head["model"], head.get("version")) as mv:
         assert mv.batcher is not None
         left = float(head.get("timeout", state.settings.timeout_s))
-        return await asyncio.wait_for(mv.batcher.submit([array[i] for i in head["slots"]]), max(left, 0.001))
+        return await mv.batcher.submit([array[i] for i in head["slots"]], timeout=max(left, 0.001))
 
 
 class EngineServer:
@@ -96,6 +97,10 @@ class EngineServer:
         log.info("front end pid %s connected (%d slots)", hello[0].get("pid"), array.shape[0])
         try:
             while (frame := await read_frame(reader)) is not None:
+                if frame[0].get("op") == "stats":  # /v2 statistics: this batcher counts every front end's work
+                    batcher = self.state.batcher
+                    writer.write(pack({"op": "stats", "stats": batcher.stats.to_triton("") if batcher else None}))
+                    continue
                 task = asyncio.ensure_future(self._reply(array, frame[0], writer))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
@@ -154,4 +159,5 @@ def engine_main(settings: Settings, path: str) -> None:
         log.error("engine: cannot load the model: %s", e)
         raise SystemExit(3) from None
     log.info("engine: model loaded in %.2fs; socket %s", time.perf_counter() - started, path)
+    tune_gc()
     asyncio.run(EngineServer(state, path).run())

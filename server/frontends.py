@@ -67,22 +67,23 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
     import uvicorn
 
     from .app import create_app, uvicorn_config_kwargs
+    from .memory import tune_gc
     from .remote import FrontendState, MultiprocessMetrics
 
     child_setup(f"irpe-frontend{index}", settings)
     state = FrontendState(settings, metrics=MultiprocessMetrics(), engine_path=engine_path)
     app = create_app(settings, state=state)
     state.load()
+    tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     uvicorn.Server(config).run(sockets=[sock])
 
 
 def default_frontends(settings: Settings) -> int:
-    """Enough front ends to keep the engine busy: one per usable core, minus one for the engine on a CPU."""
-    from .config import usable_cpus
+    """Enough front ends to keep the engine busy (:meth:`Settings.resolved_frontends` with ``auto``)."""
+    from dataclasses import replace
 
-    cores = usable_cpus()
-    return max(1, cores if settings.device == "cuda" else cores - 1)
+    return max(1, replace(settings, frontends=-1).resolved_frontends())
 
 
 def bind(settings: Settings) -> socket.socket:
@@ -129,11 +130,15 @@ class Supervisor:
 
     def run(self) -> int:
         """Start everything, watch until SIGTERM/SIGINT or the engine dies; the exit code."""
+        from .app import announce
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
+        announce(self.sock.getsockname())  # --port 0: the port the kernel picked
         self._start_engine()
-        for i in range(self.n):
-            self._start_frontend(i)
+        if self._engine_loaded():  # a model that cannot load: one error line, no front end to stop
+            for i in range(self.n):
+                self._start_frontend(i)
         log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
                  self.settings.host, self.settings.port, self.n, self.engine.pid if self.engine else "?")
         code = self._watch()
@@ -143,6 +148,13 @@ class Supervisor:
         if code == 0 and self.engine is not None and self.engine.exitcode not in (0, -signal.SIGTERM, None):
             code = 1
         return code
+
+    def _engine_loaded(self) -> bool:
+        """Wait until the engine has loaded the model (its socket exists; warm-up goes on meanwhile)."""
+        assert self.engine is not None
+        while not self.stopping and self.engine.is_alive() and not os.path.exists(self.engine_path):
+            wait([self.engine.sentinel, self.wake_r], timeout=0.05)
+        return not self.stopping and self.engine.is_alive()
 
     def _watch(self) -> int:
         assert self.engine is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger("irpe.server")
@@ -31,3 +32,18 @@ def fix_mmap_threshold(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int
     except (OSError, AttributeError):
         log.debug("no glibc mallopt here; image buffers use the default allocator settings")
         return False
+
+
+GC_THRESHOLD = 20_000  # young objects between collections (CPython's default: 700)
+
+
+def tune_gc() -> None:
+    """Once the model is loaded: move every object alive now out of the collector's view (``gc.freeze``:
+    the modules, the model, the app are never garbage) and collect the young generation every 20,000
+    allocations instead of 700. A request allocates a few thousand short-lived objects, freed by reference
+    counting; with the defaults the collector ran several times per request (~10% of the event loop's CPU
+    in py-spy). Cycles are still collected, less often."""
+    gc.collect()
+    gc.freeze()
+    _, second, third = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, second, third)

@@ -66,6 +66,7 @@ class ObserveMiddleware:
     def __init__(self, app: Any, state: ServerState):
         self.app = app
         self.state = state
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -86,10 +87,19 @@ class ObserveMiddleware:
                             "send 'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})
         else:
             await self._call(scope, receive, send, status)
+        key = (_route_label(scope), scope["method"], status[0])
+        if (series := self._series.get(key)) is None:
+            series = self._series[key] = self._children(key)
+        series[0].inc()
+        series[1].observe(time.perf_counter() - start)
+
+    def _children(self, key: tuple[str, str, int]) -> tuple[Any, Any]:
+        """The counter and histogram series of (route, method, status), looked up once (``labels()``
+        takes a lock and validates the names on every call); bounded by the routes and statuses that exist."""
+        if len(self._series) > 4096:  # the route label is the route's template, the method free-form
+            self._series.clear()
         m = self.state.metrics
-        route = _route_label(scope)
-        m.requests.labels(route, scope["method"], str(status[0])).inc()
-        m.latency.labels(route).observe(time.perf_counter() - start)
+        return m.requests.labels(key[0], key[1], str(key[2])), m.latency.labels(key[0])
 
     async def _call(self, scope: Scope, receive: Any, send: Any, status: list[int]) -> None:
         started = False

@@ -28,7 +28,7 @@ import numpy as np
 from irpe.artifact import ArtifactError, load_artifact
 
 from .batching import BatcherStoppedError, QueueFullError, Result, settle
-from .decode import PixelBudget
+from .decode import InlineExecutor, PixelBudget
 from .engine import EngineInfo
 from .errors import APIError
 from .memory import fix_mmap_threshold
@@ -51,7 +51,7 @@ class RemoteBatcher:
 
     def __init__(self, path: str, pool: SlotPool, timeout_s: float):
         self.path, self.pool, self.timeout_s = path, pool, timeout_s
-        self.stats = ModelStats()
+        self.stats = EngineStats(self)
         self.ready = False
         self.gone = False
         self.failure = ""
@@ -70,16 +70,18 @@ class RemoteBatcher:
 
     def connect(self, timeout: float = 300.0) -> None:
         """Connect (the engine may still be loading: no socket yet), send the slot description, start the
-        reader. A socket that refuses means the engine is gone: fail at once."""
+        reader. A socket that refuses for seconds means the engine is gone."""
         deadline = time.monotonic() + timeout
+        refused_until = time.monotonic() + 5.0  # the engine binds, then listens: a refusal is brief
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.path)
                 break
-            except FileNotFoundError:
+            except (FileNotFoundError, ConnectionRefusedError) as e:  # not bound yet / bound, not listening yet
                 sock.close()
-                if time.monotonic() > deadline:
+                if time.monotonic() > (deadline if isinstance(e, FileNotFoundError) else refused_until):
+                    self.gone = isinstance(e, ConnectionRefusedError)
                     raise
                 time.sleep(0.05)
             except OSError:
@@ -140,6 +142,8 @@ class RemoteBatcher:
                 head, data = frame
                 if head.get("op") == "status":
                     self._on_status(head)
+                elif head.get("op") == "stats":
+                    self.stats.answered(head)
                 elif (entry := self._finish(head["id"])) is not None:
                     entry[0].call_soon_threadsafe(settle, entry[1], (head, data), None)
         except OSError:
@@ -180,6 +184,41 @@ class RemoteBatcher:
             self._sock.close()
         if self._reader is not None:
             self._reader.join(5)
+
+
+class EngineStats(ModelStats):
+    """/v2 statistics of every front end together: the engine process's batcher counts what all of them
+    handed over (requests from hand-off to answer, queue, batches); this front end's own counters are the
+    answer when the engine does not reply within ``STATS_TIMEOUT_S``."""
+
+    STATS_TIMEOUT_S = 2.0
+
+    def __init__(self, link: RemoteBatcher):
+        super().__init__()
+        self.link = link
+        self._reply: dict[str, Any] | None = None
+        self._replied = threading.Condition()
+
+    def answered(self, head: dict[str, Any]) -> None:
+        """Reader thread: the engine's answer to :meth:`to_triton`'s question."""
+        with self._replied:
+            self._reply = head.get("stats") or {}  # {}: the engine has no batcher yet
+            self._replied.notify_all()
+
+    def to_triton(self, name: str, version: str = "1") -> dict[str, Any]:
+        """The engine's statistics (one round trip over the engine socket), else this front end's."""
+        if self.link._sock is not None and not self.link.gone:
+            with self._replied:
+                self._reply = None
+                try:
+                    with self.link._send:
+                        self.link._sock.sendall(pack({"op": "stats"}))
+                except OSError:
+                    return super().to_triton(name, version)
+                self._replied.wait_for(lambda: self._reply is not None, self.STATS_TIMEOUT_S)
+                if self._reply:
+                    return {**self._reply, "name": name, "version": version}
+        return super().to_triton(name, version)
 
 
 def _results(head: dict[str, Any], data: bytes) -> list[Result]:
@@ -232,7 +271,8 @@ class FrontendState(ServerState):
             return
         s = self.settings
         fix_mmap_threshold()
-        self.pool = ThreadPoolExecutor(s.resolved_decode_threads(), thread_name_prefix="irpe-decode")
+        self.pool = ThreadPoolExecutor(s.decode_threads, thread_name_prefix="irpe-decode") if s.decode_threads \
+            else InlineExecutor()  # auto: decode on the event loop; the front-end processes are the parallelism
         self.budget = PixelBudget(s.resolved_max_decode_pixels())
         slots = min(s.max_queue, max(SLOTS, 2 * s.resolved_max_batch()))
         if not is_plain_artifact(Path(s.artifact_dir)):

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +55,13 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
 def request_id_from(value: str | None) -> str:
     """The client's ``X-Request-Id`` when it is a short printable token, else a new random one."""
     value = (value or "").strip()
-    return value if _REQUEST_ID.match(value) else secrets.token_hex(16)
+    return value if _REQUEST_ID.match(value) else _hex(128)
+
+
+def _hex(bits: int) -> str:
+    """A random id of ``bits`` bits in lower-case hex (``random.getrandbits``, as OpenTelemetry's own id
+    generator: ids need to be unique, not secret; ``secrets`` costs a getrandom syscall each)."""
+    return f"{random.getrandbits(bits) or 1:0{bits // 4}x}"
 
 
 def otlp_tracer() -> Any:
@@ -117,7 +123,7 @@ class TraceMiddleware:
             ctx = span.get_span_context()
             mine = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{int(ctx.trace_flags):02x}")
         else:
-            mine = TraceParent(parent.trace_id if parent else secrets.token_hex(16), secrets.token_hex(8),
+            mine = TraceParent(parent.trace_id if parent else _hex(128), _hex(64),
                                parent.flags if parent else "01")
         extra = [(b"x-request-id", request_id.encode()), (b"traceparent", mine.header().encode())]
         if b"tracestate" in headers and parent is not None:

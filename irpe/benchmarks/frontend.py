@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .baseline import BEFORE_ISSUE_13, import_tree
+from .floors import format_floors, measure_floors
 from .loadgen import run_load
 from .serve import _free_port, sample_jpeg, server_process
 
@@ -34,6 +36,7 @@ class Variant:
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     images: int = 1
+    command: list[str] | None = None  # instead of ``irpe serve ARTIFACT --port PORT ... args``
 
 
 @dataclass
@@ -101,6 +104,8 @@ def multipart_images(path: str, host: str, data: bytes, images: int) -> bytes:
 def _started(v: Variant, artifact: Path, port: int, server_args: tuple[str, ...]):  # type: ignore[no-untyped-def]
     script = Path(__file__).with_name("threadnames.py")
     args = [str(script), "serve", str(artifact), "--port", str(port), "--log-level", "warning", *server_args, *v.args]
+    if v.command is not None:
+        args = [*v.command, str(port)]
     with server_process(args, port, env=v.env, stop_timeout=60) as proc:
         yield proc
 
@@ -142,12 +147,15 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def default_variants(frontends: list[int], baseline_pythonpath: str | None, images: list[int]) -> list[Variant]:
-    """baseline (optional), single, single xK for each K > 1, frontends=N for each N."""
+def default_variants(frontends: list[int], baseline_pythonpath: str | None, images: list[int],
+                     floor: bool = True) -> list[Variant]:
+    """baseline (optional), single, single xK for each K > 1, frontends=N for each N, the HTTP floor."""
     out = [Variant("baseline", [], {"PYTHONPATH": baseline_pythonpath})] if baseline_pythonpath else []
     out.append(Variant("single", []))
     out += [Variant(f"single x{k}", [], images=k) for k in images if k > 1]
     out += [Variant(f"frontends={n}", ["--frontends", str(n)]) for n in frontends]
+    if floor:
+        out.append(Variant("http floor", [], command=[str(Path(__file__).with_name("empty_asgi.py"))]))
     return out
 
 
@@ -167,17 +175,33 @@ def build_near_free(out_dir: Path) -> Path:
 
 def run_frontend_bench(artifact: str | None, requests: int, concurrency: int, frontends: list[int],
                        baseline_pythonpath: str | None = None, images: list[int] | None = None,
-                       server_args: tuple[str, ...] = ()) -> list[Row]:
-    """Entry point of ``irpe bench serve --frontend``."""
+                       server_args: tuple[str, ...] = (), baseline_ref: str = BEFORE_ISSUE_13,
+                       rounds: int = 3) -> list[Row]:
+    """Entry point of ``irpe bench serve --frontend``: the table, the before/after ratio and the floors."""
     with tempfile.TemporaryDirectory(prefix="irpe-bench-fe-") as tmp:
         if artifact is None:
             print(f"exporting the near-free model ({NEAR_FREE} at 224 px, 7x7 grid) ...", flush=True)
             path = build_near_free(Path(tmp))
         else:
             path = Path(artifact)
+        if baseline_pythonpath is None and baseline_ref != "none":
+            tree = import_tree(baseline_ref, Path(tmp) / "baseline")
+            baseline_pythonpath = str(tree) if tree else None
+            print(f"baseline: commit {baseline_ref[:12]}" if tree else f"baseline: {baseline_ref!r} is not "
+                  "available here (not a git checkout, unknown commit or no C compiler); served without it")
         variants = default_variants(frontends, baseline_pythonpath, images or [])
-        rows = bench_frontend(path, variants, requests=requests, concurrency=concurrency, server_args=server_args)
-    print(f"{requests} requests per server at concurrency {concurrency}, 512x512 JPEG, 3 interleaved rounds; "
+        rows = bench_frontend(path, variants, requests=requests, concurrency=concurrency, rounds=rounds,
+                              server_args=server_args)
+        floors = measure_floors(path, sample_jpeg())
+    print(f"{requests} requests per server at concurrency {concurrency}, 512x512 JPEG, {rounds} interleaved rounds; "
           f"CPU = the server's whole process tree")
     print(format_rows(rows))
+    by = {r.label: r for r in rows}
+    if "baseline" in by:
+        for r in rows[1:]:
+            if r.label != "http floor" and r.answered:
+                print(f"{r.label}: {r.cpu_ms / r.images:.2f} CPU-ms per image = "
+                      f"{r.cpu_ms / r.images / by['baseline'].cpu_ms:.2f} x baseline")
+    print("floors (one thread, no HTTP):")
+    print(format_floors(floors))
     return rows

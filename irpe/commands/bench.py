@@ -164,6 +164,9 @@ def _add_frontend_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontends", default="1,2", help="with --frontend: comma list of front-end counts")
     p.add_argument("--images-per-request", default="1,4", help="with --frontend: comma list (cost per image)")
     p.add_argument("--baseline-pythonpath", help="with --frontend: another irpe import tree, served beside")
+    p.add_argument("--baseline", default=None, help="with --frontend: git commit served beside as 'baseline' "
+                   "(default: main before issue 13; 'none' to skip)")
+    p.add_argument("--rounds", type=int, default=3, help="with --frontend: interleaved rounds")
 
 
 def _run_frontend(args: argparse.Namespace) -> int:
@@ -178,8 +181,10 @@ def _run_frontend(args: argparse.Namespace) -> int:
         raise CLIError("--frontends, --images-per-request and --concurrency take comma lists of integers") from None
     if min(counts + images + [conc, args.requests]) < 0 or min(images + [conc, args.requests]) < 1:
         raise CLIError("--frontends must be >= 0; --images-per-request, --concurrency, --requests >= 1")
+    from irpe.benchmarks.baseline import BEFORE_ISSUE_13
+
     run_frontend_bench(args.artifact, args.requests, conc, counts, args.baseline_pythonpath, images,
-                       tuple(args.server_arg))
+                       tuple(args.server_arg), args.baseline or BEFORE_ISSUE_13, max(1, args.rounds))
     return 0
 
 

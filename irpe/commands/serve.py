@@ -49,7 +49,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     _add_limits(p)
     p.add_argument("--frontends", type=lambda v: -1 if v == "auto" else int(v),
                    help="HTTP front-end processes (decode + preprocess) on one port feeding one engine process "
-                   "through shared memory; 'auto': one per core (minus one on cpu); default 0: one process")
+                   "through shared memory; 0: one process; default 'auto': one per core but one with --device cuda, "
+                   "one process on cpu")
     _add_repository(p)
     p.set_defaults(func=run_serve)
 

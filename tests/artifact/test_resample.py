@@ -161,3 +161,39 @@ def test_window_cache_is_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) -> No
     bounds, weights = resample.cached_window(9000, 3000, "bicubic", 100, 224)
     full = resample.coefficients(9000, 3000, "bicubic")
     assert np.array_equal(bounds, full[0][100:324]) and np.array_equal(weights, full[1][100:324])
+
+
+@needs_kernels
+@pytest.mark.parametrize("size", FIXED[:8] + RANDOM[:10])
+def test_array_input_equals_pillow(size: tuple[int, int]) -> None:
+    """Pixels given as a (h, w, 3) uint8 array (a decoder's output, read in place) give Pillow's crop."""
+    img = noise(size, seed=size[0] + size[1])
+    arr = np.asarray(img).copy()
+    for resize, crop in GEOMETRIES:
+        fast = resample.resize_crop(arr, resize, crop, "bicubic")
+        if fast is not None or crop <= min(resample.resized_size(*size, resize)):
+            np.testing.assert_array_equal(fast, pillow(img, resize, crop, "bicubic"))
+    assert resample.resize_crop(arr[:, ::2], 256, 224, "bicubic") is None  # not C-contiguous
+    assert resample.resize_crop(arr[..., 0].copy(), 256, 224, "bicubic") is None  # not 3 channels
+
+
+@needs_kernels
+def test_strided_transpose_reads_a_window_in_place() -> None:
+    src = np.random.default_rng(3).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    out = np.empty((20, 10, 3), dtype=np.uint8)
+    resample._resample.transpose(src, 10, 20, 3, out, (5 * 50 + 7) * 3, 50 * 3)
+    np.testing.assert_array_equal(out, src[5:15, 7:27].transpose(1, 0, 2))
+    with pytest.raises(ValueError, match="src"):  # the window runs past the end of the buffer
+        resample._resample.transpose(src, 10, 20, 3, out, (35 * 50 + 7) * 3, 50 * 3)
+    with pytest.raises(ValueError, match="bad sizes"):  # rows overlap: stride shorter than a row
+        resample._resample.transpose(src, 10, 20, 3, out, 0, 20)
+
+
+@needs_kernels
+def test_lookup_equals_numpy_take() -> None:
+    u8 = np.random.default_rng(4).integers(0, 256, (37, 29, 3), dtype=np.uint8)
+    table = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)
+    want = np.stack([np.take(table[c], u8[..., c]) for c in range(3)])
+    np.testing.assert_array_equal(resample.lookup(u8, table), want)
+    with pytest.raises(ValueError, match="table"):
+        resample._resample.lookup(u8, u8.size // 3, table[:2], np.empty(u8.size, np.float32))

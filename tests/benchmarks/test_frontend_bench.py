@@ -7,8 +7,20 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from irpe.benchmarks.frontend import Row, default_variants, format_rows, multipart_images, thread_cpu, tree_pids
+from irpe.benchmarks.baseline import import_tree
+from irpe.benchmarks.floors import cpu_ms
+from irpe.benchmarks.frontend import (
+    Row,
+    Variant,
+    bench_frontend,
+    default_variants,
+    format_rows,
+    multipart_images,
+    thread_cpu,
+    tree_pids,
+)
 
 
 def test_tree_cpu_sees_a_busy_child() -> None:
@@ -33,8 +45,37 @@ def test_multipart_with_several_images() -> None:
 
 def test_table_and_variants() -> None:
     names = [v.label for v in default_variants([1, 2], "/old", [1, 4])]
-    assert names == ["baseline", "single", "single x4", "frontends=1", "frontends=2"]
+    assert names == ["baseline", "single", "single x4", "frontends=1", "frontends=2", "http floor"]
     row = Row("single", 4, answered=100, seconds=2.0, statuses=collections.Counter({200: 100, 503: 3}),
               cpu=collections.Counter({"main-loop": 0.1, "irpe-decode": 0.3}))
     text = format_rows([row])
     assert "single" in text and " 50.0 " in text and "4.00" in text and "1.00" in text and " 3 " in text
+
+
+def test_import_tree_runs_another_commit(tmp_path: Path) -> None:
+    """The baseline is a commit laid out as the installed package, with its own compiled resize kernels."""
+    tree = import_tree("HEAD", tmp_path / "b")
+    assert tree is not None and (tree / "irpe" / "server" / "app.py").is_file()
+    out = subprocess.run([sys.executable, "-c", "import irpe.server.app as a, irpe.artifact.resample as r;"
+                          "print(a.__file__, r.available())"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tree)}, check=True).stdout.split()
+    assert out[0].startswith(str(tree)) and out[1] == "True"
+    assert import_tree("no-such-ref-anywhere", tmp_path / "c") is None
+
+
+def test_http_floor_is_served_and_measured(tmp_path: Path) -> None:
+    floor = [v for v in default_variants([], None, []) if v.label == "http floor"]
+    rows = bench_frontend(tmp_path, floor, requests=400, concurrency=4, rounds=2)
+    assert rows[0].answered == 400 and rows[0].statuses[200] == 400 and rows[0].seconds > 0
+    assert sum(rows[0].cpu.values()) < 40  # the server's CPU is accounted (ticks of 10 ms), and it is small
+
+
+def test_cpu_ms_counts_this_threads_work() -> None:
+    def spin() -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.002:
+            pass
+
+    assert 1.9 <= cpu_ms(spin, repeats=20) < 20
+    assert cpu_ms(lambda: None, repeats=20) < 0.5
+    assert Variant("x", []).command is None

@@ -287,3 +287,25 @@ def test_retry_after_follows_the_measured_time_per_image() -> None:
     finally:
         gate.set()
         batcher.stop()
+
+
+def test_submit_timeout_gives_up_and_the_images_are_skipped() -> None:
+    """``submit(timeout=)`` (the engine process's deadline): TimeoutError in time, the abandoned image never
+    reaches the engine, and a later request is answered normally."""
+    rec = Recorder(delay=1.5)
+    batcher = Batcher(rec, sizes=[1], max_wait_ms=0, max_queue=10, workers=1)
+    batcher.start()
+
+    async def main() -> tuple[bool, list]:
+        busy = asyncio.ensure_future(batcher.submit([np.full(3, 1, np.float32)]))  # holds the only worker
+        await asyncio.sleep(0.05)
+        with pytest.raises(asyncio.TimeoutError):
+            await batcher.submit([np.full(3, 2, np.float32)], timeout=0.05)
+        gave_up_first = not busy.done()
+        await busy
+        return gave_up_first, await batcher.submit([np.full(3, 3, np.float32)], timeout=30)
+
+    gave_up_first, last = asyncio.run(main())
+    batcher.stop()
+    assert gave_up_first  # the timeout fired while the engine was still busy
+    assert float(last[0].logits[0]) == 6.0 and rec.sizes == [1, 1]  # the abandoned image was skipped

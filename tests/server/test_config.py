@@ -21,3 +21,18 @@ def test_env_then_overrides() -> None:
 def test_bad_values(env: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Settings.from_env(env)
+
+
+def test_frontends_auto_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default 'auto': one process on a CPU; on a GPU one front end per usable core but one (the engine's)."""
+    from irpe.server import config
+
+    monkeypatch.setattr(config, "usable_cpus", lambda: 16)
+    assert Settings().frontends == -1 and Settings().resolved_frontends() == 0
+    assert Settings(device="cuda").resolved_frontends() == 15
+    assert Settings(device="cuda", frontends=3).resolved_frontends() == 3
+    assert Settings(device="cuda", frontends=0).resolved_frontends() == 0  # explicit: one process
+    monkeypatch.setattr(config, "usable_cpus", lambda: 1)
+    assert Settings(device="cuda").resolved_frontends() == 1
+    assert Settings.from_env(env={"IRPE_FRONTENDS": "auto"}).frontends == -1
+    assert Settings.from_env(env={"IRPE_FRONTENDS": "2"}).frontends == 2

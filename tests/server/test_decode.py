@@ -108,3 +108,16 @@ def test_pixel_limit_checked_from_header_before_decoding() -> None:
         assert (err.status, err.code) == (413, "too_many_pixels")
     assert _error(_png_header_only(100, 100)).status == 400  # small: decoded, found truncated
     assert open_image(_png_header_only(100, 100), 40_000_000).size == (100, 100)
+
+
+def test_inline_executor_runs_jobs_at_once_and_delivers_errors() -> None:
+    """Front ends decode on their event loop: the job has run when submit returns; errors reach the caller."""
+    import threading
+
+    from irpe.artifact import Preprocess
+    from irpe.server.decode import InlineExecutor, prepare
+
+    ex = InlineExecutor()
+    assert ex.submit(threading.get_ident).result(0) == threading.get_ident()
+    with pytest.raises(APIError):
+        ex.submit(prepare, b"not an image", Preprocess(), 1000).result(0)

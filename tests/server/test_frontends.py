@@ -18,9 +18,9 @@ import pytest
 from irpe.benchmarks.frontend import tree_pids
 from tests.server.helpers import (
     CROP,
+    announced_url,
     encode,
     expected_logits,
-    free_port,
     image,
     make_slow_artifact,
     running_server,
@@ -30,10 +30,12 @@ from tests.server.helpers import (
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _serve(artifact: Path, port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "irpe.cli", "serve", str(artifact), "--port", str(port),
+def _serve(artifact: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """The supervisor on --port 0, and the URL it announces (the port the kernel picked)."""
+    proc = subprocess.Popen([sys.executable, "-m", "irpe.cli", "serve", str(artifact), "--port", "0",
                              "--log-level", "warning", "--frontends", "2", *extra], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, announced_url(proc)
 
 
 def _children(proc: subprocess.Popen) -> dict[str, int]:
@@ -63,9 +65,7 @@ def _stop(proc: subprocess.Popen) -> str:
 
 @pytest.fixture(scope="module")
 def frontends(tiny_artifact: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    port = free_port()
-    proc = _serve(tiny_artifact, port, "--max-queue", "4")
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _serve(tiny_artifact, "--max-queue", "4")
     try:
         wait_ready(url, timeout=60)
         yield url, proc
@@ -120,15 +120,33 @@ def test_metrics_add_up_every_process(frontends: tuple[str, subprocess.Popen]) -
     assert text.count("irpe_ready{") == 3  # one per process
 
 
+def test_v2_stats_count_every_front_end(frontends: tuple[str, subprocess.Popen]) -> None:
+    """/v2 statistics come from the engine's batcher: every front end's requests and the batches (a front
+    end alone runs no batch, so batch_stats would be empty)."""
+    url, _ = frontends
+
+    def stats() -> dict:
+        with httpx.Client(timeout=10) as c:  # a new connection: any front end may answer
+            return c.get(url + "/v2/models/tiny-mean/stats").json()["model_stats"][0]
+
+    before = stats()
+    with ThreadPoolExecutor(6) as ex:
+        codes = list(ex.map(lambda i: _classify(url, encode(image(seed=i))).status_code, range(12)))
+    after = stats()
+    ok = codes.count(200)
+    assert after["name"] == "tiny-mean" and after["version"] == "1"
+    assert after["inference_count"] - before["inference_count"] == ok > 0
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == ok
+    assert after["execution_count"] > before["execution_count"] and after["batch_stats"]
+
+
 def _count(text: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def test_overload_gives_only_200_and_503(tmp_path: Path) -> None:
     """A slow engine (>= 1 s per call) and --max-queue 4: 24 clients get only 200s and 503s, some of each."""
-    port = free_port()
-    proc = _serve(make_slow_artifact(tmp_path / "slow"), port, "--max-queue", "4")
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _serve(make_slow_artifact(tmp_path / "slow"), "--max-queue", "4")
     try:
         wait_ready(url, timeout=60)
         with ThreadPoolExecutor(24) as ex:
@@ -160,9 +178,7 @@ def test_a_killed_front_end_is_restarted(frontends: tuple[str, subprocess.Popen]
 
 
 def test_sigterm_loses_nothing(tiny_artifact: Path) -> None:
-    port = free_port()
-    proc = _serve(tiny_artifact, port)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _serve(tiny_artifact)
     try:
         wait_ready(url, timeout=60)
         big = encode(image((1600, 1200), seed=5), "JPEG", quality=95)
@@ -187,9 +203,7 @@ def test_sigterm_loses_nothing(tiny_artifact: Path) -> None:
 
 
 def test_a_dead_engine_fails_readyz_and_the_server_exits_non_zero(tiny_artifact: Path) -> None:
-    port = free_port()
-    proc = _serve(tiny_artifact, port)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _serve(tiny_artifact)
     try:
         wait_ready(url, timeout=60)
         os.kill(_children(proc)["irpe-engine"], signal.SIGKILL)

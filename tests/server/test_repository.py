@@ -20,7 +20,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.reliability.procs import ServerProcess, serving
-from tests.server.helpers import CROP, NUM_CLASSES, encode, free_port, handmade_artifact, image, wait_ready
+from tests.server.helpers import CROP, NUM_CLASSES, encode, handmade_artifact, image
 
 PNG = {"content-type": "image/png"}
 
@@ -340,13 +340,7 @@ def test_frontends_route_by_model_and_version(tmp_path: Path) -> None:
     pooled_artifact(tmp_path / "small" / "2", 24, 3)
     (tmp_path / "small" / "config.json").write_text('{"version_policy": {"all": {}}}')
     constant_artifact(tmp_path / "big" / "1", 1)
-    from tests.server.test_frontends import _serve, _stop
-
-    port = free_port()  # a --frontends server does not announce its port yet (issue 13 adds it)
-    proc = _serve(tmp_path, port, "--default-model", "big")
-    server = ServerProcess(proc, f"http://127.0.0.1:{port}", tmp_path / "unused.log")
-    try:
-        wait_ready(server.url, timeout=60)
+    with serving(tmp_path, "--frontends", "2", "--default-model", "big") as server:
         answers = [_classify(server.url, q) for q in ("", "?model=small", "?model=small&version=1") * 4]
         assert [r.status_code for r in answers] == [200] * 12
         got = {(r.json()["model"], r.json()["version"], _top(r.json())) for r in answers}
@@ -363,8 +357,6 @@ def test_frontends_route_by_model_and_version(tmp_path: Path) -> None:
             assert {r["name"] for r in client.get_model_repository_index()} == {"big", "small"}
         finally:
             client.close()
-    finally:
-        _stop(proc)
 
 
 def test_a_version_rewritten_in_place_is_reloaded_without_a_failed_request(

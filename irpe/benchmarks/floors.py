@@ -1,0 +1,55 @@
+"""What no server can go below on this machine: the CPU of decode + preprocess and of the engine alone.
+
+Measured in the bench process, one thread, the same 512x512 JPEG and artifact as the served runs,
+interleaved with nothing else of ours; the HTTP floor (an empty ASGI app under the same load) is a
+served variant of :mod:`.frontend`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+
+def cpu_ms(fn: Callable[[], object], repeats: int = 200) -> float:
+    """Median over 5 blocks of the calling thread's CPU-ms per call."""
+    fn()
+    blocks = []
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(max(1, repeats // 5)):
+            fn()
+        blocks.append(1e3 * (time.thread_time() - start) / max(1, repeats // 5))
+    return float(np.median(blocks))
+
+
+def measure_floors(artifact: Path, payload: bytes) -> dict[str, float]:
+    """CPU-ms of: bit-exact decode + preprocess (the server's path, and Pillow's), engine per image at
+    batch 1 and 4 (the session as the server builds it)."""
+    from irpe.artifact import load_artifact
+    from irpe.artifact.preprocess import preprocess_image
+    from irpe.server.config import Settings
+    from irpe.server.decode import decode_image, prepare
+    from irpe.server.engine import load_engine
+    from irpe.server.memory import fix_mmap_threshold
+
+    fix_mmap_threshold()
+    art = load_artifact(artifact)
+    pp = art.preprocess
+    s = Settings.from_env(env={}, artifact_dir=str(artifact))
+    engine = load_engine(artifact, art, threads=s.resolved_threads(), max_batch=4)
+    x = prepare(payload, pp, s.max_pixels)
+    out = {"decode+preprocess": cpu_ms(lambda: prepare(payload, pp, s.max_pixels)),
+           "decode+preprocess (Pillow)": cpu_ms(lambda: preprocess_image(decode_image(payload, s.max_pixels), pp))}
+    for b in (1, 4):
+        batch = np.stack([x] * b)
+        out[f"engine, batch {b} (per image)"] = cpu_ms(lambda batch=batch: engine.run(batch)) / b
+    return out
+
+
+def format_floors(floors: dict[str, float]) -> str:
+    """One line per floor."""
+    return "\n".join(f"  {k:<30} {v:6.2f} CPU-ms" for k, v in floors.items())

@@ -1,0 +1,92 @@
+"""The common upload, decoded and preprocessed without a Pillow image: same pixels, ~0.4 ms less CPU.
+
+For an ordinary JPEG (baseline or progressive, 3-component YCbCr, not rotated by EXIF) and a plain
+preprocess block (resize + center crop + normalise, no ink fit, no grayscale, no auto-invert):
+libjpeg-turbo decodes straight into a NumPy array (simplejpeg: accurate integer IDCT and fancy
+upsampling, exactly what Pillow asks libjpeg-turbo for), the exact resize reads that array in place and
+one table lookup normalises it. Pillow's path would decode the same pixels into RGBX, copy them out
+again for the resize and normalise channel by channel.
+
+The first use compares both decoders on a few generated JPEGs (4:2:0, 4:2:2, 4:4:4, progressive,
+restart markers); any difference (another libjpeg-turbo build, say) turns the fast path off for the
+process, with a warning. Anything the fast path does not cover, and any error in it, goes to Pillow's
+path, which gives the usual answer or 4xx.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+
+import numpy as np
+from PIL import Image
+
+from irpe.artifact import Preprocess
+from irpe.artifact.preprocess import normalise
+from irpe.artifact.resample import resize_crop
+
+try:
+    import simplejpeg
+except ImportError:  # an install without it: Pillow decodes everything
+    simplejpeg = None
+
+log = logging.getLogger("irpe.server")
+_ORIENTATION = 0x0112
+
+
+def applies(img: Image.Image, pp: Preprocess) -> bool:
+    """True when ``img`` (opened, not decoded) and ``pp`` are a case the fast path computes exactly."""
+    return (img.format == "JPEG" and img.mode == "RGB" and pp.fit == "none" and not pp.grayscale
+            and pp.invert in ("never", "always") and len(pp.mean) == len(pp.std) == 3
+            and _upright(img) and available())
+
+
+def _upright(img: Image.Image) -> bool:
+    """No EXIF orientation other than 1 (an image without EXIF data needs no parsing)."""
+    return "exif" not in img.info or img.getexif().get(_ORIENTATION, 1) == 1
+
+
+def prepare_jpeg(data: bytes, pp: Preprocess) -> np.ndarray | None:
+    """float32 (3, crop, crop) for ``data`` (checked by :func:`applies`), or ``None``: use Pillow's path."""
+    try:
+        rgb = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
+    except (ValueError, RuntimeError, MemoryError):  # corrupt, truncated, unusual: Pillow's path says why
+        return None
+    u8 = resize_crop(rgb, pp.resize, pp.crop, pp.interpolation)
+    return None if u8 is None else normalise(u8, pp)
+
+
+@functools.cache
+def available() -> bool:
+    """simplejpeg is installed and decodes bit-identically to Pillow here (checked once per process)."""
+    if simplejpeg is None:
+        return False
+    for sample in _samples():
+        want = np.asarray(Image.open(io.BytesIO(sample)).convert("RGB"))
+        try:
+            got = simplejpeg.decode_jpeg(sample, colorspace="RGB", fastdct=False, fastupsample=False)
+        except (ValueError, RuntimeError) as e:
+            log.warning("simplejpeg cannot decode a reference JPEG (%s); Pillow decodes every image", e)
+            return False
+        if got.shape != want.shape or not np.array_equal(got, want):
+            log.warning("simplejpeg and Pillow decode a reference JPEG differently (other libjpeg-turbo "
+                        "builds); Pillow decodes every image")
+            return False
+    return True
+
+
+def _samples() -> list[bytes]:
+    """Small photo-like JPEGs in the encodings uploads use."""
+    rng = np.random.default_rng(13)
+    smooth = Image.fromarray(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8), "RGB").resize((97, 75),
+                                                                                           Image.BICUBIC)
+    noisy = np.clip(np.asarray(smooth, dtype=np.int16) + rng.integers(-40, 41, (75, 97, 3)), 0, 255)
+    img = Image.fromarray(noisy.astype(np.uint8), "RGB")
+    out = []
+    for options in ({"subsampling": 2}, {"subsampling": 1}, {"subsampling": 0},
+                    {"subsampling": 2, "progressive": True}, {"subsampling": 2, "restart_marker_blocks": 2}):
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=87, **options)
+        out.append(buf.getvalue())
+    return out
