@@ -38,7 +38,7 @@ log = logging.getLogger("irpe.server")
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.irpe
     try:
-        if state.engine is None:  # serve() loads before uvicorn starts; worker processes load here
+        if state.engine is None and state.repo is None:  # serve() loads before uvicorn starts; workers load here
             await asyncio.to_thread(state.load)
     except (ArtifactError, EngineError) as e:
         log.error("cannot load the model: %s", e)
@@ -112,7 +112,9 @@ def serve(settings: Settings) -> None:
     except ValueError as e:
         raise SystemExit(f"irpe serve: error: {e}") from None
     configure_logging(settings)
-    if frontends := settings.frontends if settings.frontends < -1 else settings.resolved_frontends():
+    frontends = settings.frontends if settings.frontends < -1 else settings.resolved_frontends()
+    _check_repository_fits(settings, frontends)
+    if frontends:
         from .frontends import serve_frontends  # N HTTP processes + one engine process (issue 13)
 
         code = serve_frontends(settings, frontends)
@@ -134,6 +136,31 @@ def serve(settings: Settings) -> None:
     server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+def _check_repository_fits(settings: Settings, frontends: int) -> None:
+    """A model repository with model control runs in one process: refuse --frontends with it, and --workers
+    with several models or model control."""
+    from pathlib import Path
+
+    from .repo_layout import is_plain_artifact, scan
+
+    root = Path(settings.artifact_dir)
+    if not root.is_dir():
+        return
+    names = sorted(scan(root))
+    if settings.default_model and settings.default_model not in names:
+        raise SystemExit(f"irpe serve: error: --default-model {settings.default_model!r} is not in {root} "
+                         f"(models: {names}); fix --default-model")
+    if is_plain_artifact(root):
+        return
+    if frontends and settings.model_control != "none":
+        raise SystemExit("irpe serve: error: --frontends serves a fixed set of models; --model-control "
+                         f"{settings.model_control} runs in one process: drop --frontends")
+    several = len(names) > 1 or settings.model_control != "none"
+    if several and settings.workers > 1:
+        raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "
+                         "would reach only one; with several models or --model-control use --workers 1")
 
 
 def announce(sock_name: tuple) -> None:

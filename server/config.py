@@ -13,6 +13,7 @@ from typing import Any
 BACKENDS = ("auto", "onnxruntime", "tensorrt", "openvino")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("cpu", "cuda")
+MODEL_CONTROL = ("none", "poll", "explicit")
 
 
 @dataclass
@@ -48,6 +49,9 @@ class Settings:
     max_connections: int = 256
     allowed_hosts: str = ""
     frontends: int = -1  # HTTP front-end processes feeding one engine process; 0: one process, -1: auto
+    model_control: str = "none"  # model repository (issue 19): none | poll | explicit
+    poll_interval_s: float = 5.0
+    default_model: str = ""  # the model /classify serves without ?model= (default: the only/first one)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -73,6 +77,10 @@ class Settings:
             raise ValueError(f"precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r}: choose one of {', '.join(DEVICES)}")
+        if self.model_control not in MODEL_CONTROL:
+            raise ValueError(f"model_control {self.model_control!r}: choose one of {', '.join(MODEL_CONTROL)}")
+        if self.poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s {self.poll_interval_s}: must be positive")
         checks = {"max_batch": self.max_batch >= 0, "max_queue": self.max_queue >= 1,
                   "workers": self.workers >= 1, "max_wait_ms": self.max_wait_ms >= 0,
                   "decode_threads": self.decode_threads >= 0, "threads": self.threads >= 0,

@@ -22,9 +22,10 @@ import numpy as np
 
 from irpe.artifact import ArtifactError
 
-from .batching import BatcherStoppedError, QueueFullError
+from .batching import BatcherStoppedError, QueueFullError, Result
 from .config import Settings
 from .engine import EngineError
+from .errors import APIError
 from .memory import tune_gc
 from .shm import attach, pack, read_frame
 from .state import ServerState
@@ -42,11 +43,17 @@ async def answer(state: ServerState, array: np.ndarray, head: dict[str, Any]) ->
     """Run one front-end request through the batcher; the reply frame."""
     rid = head["id"]
     try:
-        if not state.ready or state.batcher is None:
-            return pack({"id": rid, "err": "not_ready", "msg": state.failure or "engine is warming up"})
-        views = [array[i] for i in head["slots"]]
-        left = float(head.get("timeout", state.settings.timeout_s))
-        results = await state.batcher.submit(views, timeout=max(left, 0.001))
+        if "model" in head:  # a model repository: that model version's batcher
+            results = await _routed(state, array, head)
+        else:
+            if not state.ready or state.batcher is None:
+                return pack({"id": rid, "err": "not_ready", "msg": state.failure or "engine is warming up"})
+            views = [array[i] for i in head["slots"]]
+            left = float(head.get("timeout", state.settings.timeout_s))
+            results = await state.batcher.submit(views, timeout=max(left, 0.001))
+    except APIError as e:  # unknown model or version (404), a version that is not available (503)
+        code = "model_not_found" if e.status == 404 else "not_ready"
+        return pack({"id": rid, "err": code, "msg": e.message})
     except QueueFullError as e:
         return pack({"id": rid, "err": "queue_full", "msg": str(e), "retry": e.retry_after})
     except BatcherStoppedError as e:
@@ -58,6 +65,16 @@ async def answer(state: ServerState, array: np.ndarray, head: dict[str, Any]) ->
     logits = np.stack([r.logits for r in results]).astype(np.float32, copy=False)
     return pack({"id": rid, "q": [r.queue_s for r in results], "i": [r.inference_s for r in results],
                  "b": [r.batch_size for r in results], "n": int(logits.shape[1])}, logits.tobytes())
+
+
+async def _routed(state: ServerState, array: np.ndarray, head: dict[str, Any]) -> list[Result]:
+    """Run a front end's request on the model version its frame names (held until answered)."""
+    if state.repo is None or not state.started:
+        raise APIError(503, "not_ready", state.failure or "engine is warming up")
+    with state.repo.acquire(head["model"], head.get("version")) as mv:
+        assert mv.batcher is not None
+        left = float(head.get("timeout", state.settings.timeout_s))
+        return await mv.batcher.submit([array[i] for i in head["slots"]], timeout=max(left, 0.001))
 
 
 class EngineServer:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,8 @@ from irpe.artifact import ModelArtifact
 from . import kserve_codec as codec
 from .body import read_limited
 from .errors import APIError, v2_error_responses
+from .repository import ModelVersion
+from .routes import served
 from .state import ServerState, get_state
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -35,12 +38,17 @@ EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "mo
               "parameters"]
 
 
-def _model(state: ServerState, name: str, version: str | None = None) -> ModelArtifact:
-    if state.art is None or name != state.art.name or version not in (None, "", "1"):
-        served = state.art.name if state.art else "none"
+def _model(state: ServerState, name: str, version: str | None = None) -> ModelVersion:
+    """The served version asked for (no version: the newest); 404 for an unknown model or version."""
+    if state.repo is not None and state.started:
+        return state.repo.lookup(name, version)
+    art = state.art
+    if art is None or name != art.name or version not in (None, "", "1"):
+        served = art.name if art else "none"
         raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' version {version or '1'} "
                        f"is not found (this server serves {served!r} version 1)")
-    return state.art
+    return ModelVersion(art.name, 1, Path(state.settings.artifact_dir), art, state.engine, state.batcher,
+                        "READY" if state.ready else "LOADING")
 
 
 def _request_id(request: Request) -> str:
@@ -60,19 +68,26 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifac
 async def _infer(request: Request, name: str, version: str | None) -> Response:
     started = time.perf_counter()
     state = get_state(request)
-    art = _model(state, name, version)
-    state.require_ready()
+    _model(state, name, version)  # 404 before 503: an unknown model is unknown while warming up too
+    with state.use(name, version) as mv:
+        return await _infer_on(request, state, mv, started)
+
+
+async def _infer_on(request: Request, state: ServerState, mv: ModelVersion, started: float) -> Response:
+    art = mv.art
+    assert art is not None
     s = state.settings
     raw = await read_limited(request, s.max_body_bytes)
     loop = asyncio.get_running_loop()
     req, images = await loop.run_in_executor(
         state.pool, _decode, raw, request.headers.get("content-encoding", ""), request.headers.get(HEADER_LEN),
         art, s.max_body_bytes, s.max_queue)
-    results = await state.with_deadline(state.infer(list(images)), started)
+    results = await state.with_deadline(state.infer(list(images), mv), started)
     logits = np.stack([r.logits for r in results])  # type: ignore[attr-defined]
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
         raise codec.ProtocolError("the model output is not finite for this input (values too large?)")
-    body, json_len = await loop.run_in_executor(state.pool, codec.render, req, _request_id(request), logits, art)
+    body, json_len = await loop.run_in_executor(state.pool, codec.render, req, _request_id(request), logits, art,
+                                                mv.name, str(mv.version))
     headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}
     encoding = codec.negotiate(request.headers.get("accept-encoding"))
     if encoding:
@@ -82,7 +97,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     return Response(body, media_type=media, headers=headers)
 
 
-_MODEL_ERRORS = v2_error_responses(401, 404)
+_MODEL_ERRORS = v2_error_responses(401, 404, 503)
 _INFER_ERRORS = v2_error_responses(400, 401, 404, 413, 415, 500, 503, 504)
 _READY_503 = {503: {"description": "not ready (body says ready: false)"}}
 
@@ -111,16 +126,17 @@ async def ready(request: Request) -> JSONResponse:
 @router.get("/models", responses=v2_error_responses(401))
 async def list_models(request: Request) -> dict[str, list[str]]:
     """KServe's model list: the names of the served models."""
-    art = get_state(request).art
-    return {"models": [art.name] if art else []}
+    return {"models": sorted({mv.name for mv in served(get_state(request))})}
 
 
 def _stats(state: ServerState, name: str | None = None, version: str | None = None) -> dict[str, Any]:
     if name is not None:
-        _model(state, name, version)
-    if state.art is None or state.batcher is None:
-        return {"model_stats": []}
-    return {"model_stats": [state.batcher.stats.to_triton(state.art.name)]}
+        mine = [_model(state, name, version)] if version else \
+            [mv for mv in served(state) if mv.name == _model(state, name).name]
+    else:
+        mine = served(state)
+    return {"model_stats": [mv.batcher.stats.to_triton(mv.name, str(mv.version)) for mv in mine
+                            if mv.batcher is not None]}
 
 
 @router.get("/models/stats", responses=v2_error_responses(401))
@@ -136,33 +152,39 @@ async def model_stats(request: Request, name: str, version: str | None = None) -
     return _stats(get_state(request), name, version)
 
 
-def _metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
+def _metadata(state: ServerState, mv: ModelVersion) -> dict[str, Any]:
+    art = mv.art
+    assert art is not None
     crop = art.preprocess.crop
-    info = state.engine.info if state.engine else None
+    info = mv.engine.info if mv.engine else None
     backend, precision = (info.backend, info.precision) if info else ("", None)
-    return {"name": art.name, "versions": ["1"], "platform": _platform(state)[0],
+    versions = sorted(m.version for m in served(state) if m.name == mv.name) or [mv.version]
+    return {"name": mv.name, "versions": [str(v) for v in versions], "platform": _platform(mv)[0],
             "parameters": {"backend": backend or None, "precision": precision},
             "inputs": [{"name": art.input_name, "datatype": codec.DATATYPE, "shape": [-1, 3, crop, crop]}],
             "outputs": [{"name": art.output_name, "datatype": codec.DATATYPE, "shape": [-1, art.num_classes]}]}
 
 
-def _platform(state: ServerState) -> tuple[str, str]:
-    if state.engine and state.engine.info.backend == "tensorrt":
+def _platform(mv: ModelVersion) -> tuple[str, str]:
+    if mv.engine and mv.engine.info.backend == "tensorrt":
         return "tensorrt_plan", "tensorrt"
-    if state.engine and state.engine.info.backend == "openvino":
+    if mv.engine and mv.engine.info.backend == "openvino":
         return "openvino", "openvino"
     return "onnxruntime_onnx", "onnxruntime"
 
 
-def model_config(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
+def model_config(state: ServerState, mv: ModelVersion) -> dict[str, Any]:
     """Triton's JSON form of config.pbtxt, from model.json and what is running: ``max_batch_size`` is the
     most images one request may carry; the engine's batch sizes are the preferred batch sizes."""
-    s, info = state.settings, state.engine.info if state.engine else None
-    platform, backend = _platform(state)
+    art = mv.art
+    assert art is not None
+    s, info = state.settings, mv.engine.info if mv.engine else None
+    platform, backend = _platform(mv)
     gpu = bool(info and info.device == "cuda")
+    policy = state.repo.policy(mv.name).to_config() if state.repo is not None else {"latest": {"num_versions": 1}}
     return {
-        "name": art.name, "platform": platform, "backend": backend, "runtime": "",
-        "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": s.max_queue,
+        "name": mv.name, "platform": platform, "backend": backend, "runtime": "",
+        "version_policy": policy, "max_batch_size": mv.batcher.max_queue if mv.batcher else s.max_queue,
         "input": [{"name": art.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
                    "dims": [3, art.preprocess.crop, art.preprocess.crop], "is_shape_tensor": False,
                    "allow_ragged_batch": False, "optional": False, "is_non_linear_format_io": False}],
@@ -172,7 +194,7 @@ def model_config(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
         "dynamic_batching": {"preferred_batch_size": info.batch_sizes if info else [],
                              "max_queue_delay_microseconds": int(s.max_wait_ms * 1000), "preserve_ordering": False,
                              "priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {}},
-        "instance_group": [{"name": art.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",
+        "instance_group": [{"name": mv.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",
                             "count": s.resolved_inference_threads(), "gpus": [0] if gpu else [],
                             "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
         "default_model_filename": "model.plan" if backend == "tensorrt" else art.onnx_file,
@@ -198,36 +220,51 @@ async def get_model_config(request: Request, name: str, version: str | None = No
 @router.get("/models/{name}/ready", responses={**_MODEL_ERRORS, **_READY_503})
 @router.get("/models/{name}/versions/{version}/ready", responses={**_MODEL_ERRORS, **_READY_503})
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
-    """Model readiness (503 until warmed up)."""
+    """Model readiness: 200 once that model (version) is loaded and warm; 503 while it loads or after a
+    failed load; 404 for a model the repository does not hold."""
     state = get_state(request)
-    _model(state, name, version)
-    return JSONResponse({"name": name, "ready": state.ready}, status_code=200 if state.ready else 503)
+    try:
+        ok = _model(state, name, version).ready
+    except APIError:
+        if state.repo is None or name not in state.repo.dirs:
+            raise
+        ok = False
+    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
 
 @router.post("/repository/index", responses=v2_error_responses(401))
 async def repository_index(request: Request) -> list[dict[str, str]]:
-    """Triton's model repository extension: the served model and its state."""
+    """Triton's model repository extension: every model and version, its state and the reason."""
     state = get_state(request)
-    if state.art is None:
-        return []
-    reason = "" if state.ready else (state.failure or "warming up")
-    return [{"name": state.art.name, "version": "1", "state": "READY" if state.ready else "UNAVAILABLE",
-             "reason": reason}]
+    if state.repo is not None and state.started:
+        return state.repo.index()
+    return [{"name": mv.name, "version": str(mv.version), "state": "READY" if mv.ready else "UNAVAILABLE",
+             "reason": "" if mv.ready else (state.failure or "warming up")} for mv in served(state)]
 
 
 @router.post("/repository/models/{name}/load", responses=v2_error_responses(400, 401, 404))
 async def load_model(request: Request, name: str) -> dict[str, Any]:
-    """Loading the served model is a no-op (it is loaded at startup); others are 404."""
-    _model(get_state(request), name)
+    """Load (or reload) a model's versions from the repository (``--model-control explicit``): the new
+    version is warmed before traffic moves to it; a failed load leaves the old one serving (400 + reason)."""
+    state = get_state(request)
+    if state.repo is None:
+        _model(state, name)
+        return {}
+    await asyncio.to_thread(state.control, name, True)
     return {}
 
 
 @router.post("/repository/models/{name}/unload", responses=v2_error_responses(400, 401, 404))
 async def unload_model(request: Request, name: str) -> dict[str, Any]:
-    """Refused: the server serves one model for its whole life (restart it to change the model)."""
-    _model(get_state(request), name)
-    raise APIError(400, "unsupported", f"explicit model unload is not allowed: irpe serve serves {name!r} for "
-                   "its whole life; stop the server (or scale the deployment) instead")
+    """Unload every version of a model (``--model-control explicit``): requests already running finish,
+    then the engines are freed; later requests for it get 404."""
+    state = get_state(request)
+    if state.repo is None:
+        _model(state, name)
+        raise APIError(400, "unsupported", f"explicit model unload is not allowed: this front end serves "
+                       f"{name!r} for its whole life")
+    await asyncio.to_thread(state.control, name, False)
+    return {}
 
 
 @router.post("/models/{name}/infer", responses=_INFER_ERRORS)

@@ -185,9 +185,11 @@ def _bytes_tensor(strings: list[str]) -> bytes:
     return b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in strings))
 
 
-def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelArtifact) -> tuple[bytes, int | None]:
-    """The response body, and the JSON header length when binary outputs follow it."""
-    head: dict[str, Any] = {"model_name": art.name, "model_version": "1", "id": req.get("id") or request_id,
+def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelArtifact, name: str = "",
+           version: str = "1") -> tuple[bytes, int | None]:
+    """The response body, and the JSON header length when binary outputs follow it (``name``/``version``:
+    the model version that computed it; default: model.json's name, version 1)."""
+    head: dict[str, Any] = {"model_name": name or art.name, "model_version": version, "id": req.get("id") or request_id,
                             "outputs": []}
     blobs = []
     for k, binary in requested_outputs(req, art):

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from irpe.artifact import load_artifact
+from irpe.artifact import ArtifactError, load_artifact
 
 from .batching import BatcherStoppedError, QueueFullError, Result, settle
 from .decode import InlineExecutor, PixelBudget
@@ -33,6 +33,7 @@ from .engine import EngineInfo
 from .errors import APIError
 from .memory import fix_mmap_threshold
 from .metrics import Metrics
+from .repo_layout import is_plain_artifact
 from .shm import SlotPool, pack, recv_frame
 from .state import ServerState
 from .stats import ModelStats
@@ -98,8 +99,9 @@ class RemoteBatcher:
             self._status.wait_for(lambda: self.ready or self.failure or self.gone, timeout)
         return self.ready
 
-    async def submit(self, images: list[np.ndarray]) -> list[Result]:
-        """Queue ``images`` in the engine (all or none) and wait for their results."""
+    async def submit(self, images: list[np.ndarray], route: dict[str, str] | None = None) -> list[Result]:
+        """Queue ``images`` in the engine (all or none) and wait for their results (``route``: the model and
+        version of a repository, :mod:`.remote_repo`)."""
         if self.gone or self._sock is None:
             raise EngineGoneError("the engine process is not running")
         slots = self.pool.put(images)
@@ -113,7 +115,7 @@ class RemoteBatcher:
         ok = False
         try:
             with self._send:
-                self._sock.sendall(pack({"id": rid, "slots": slots, "timeout": self.timeout_s}))
+                self._sock.sendall(pack({"id": rid, "slots": slots, "timeout": self.timeout_s, **(route or {})}))
         except OSError:
             self._finish(rid)
             raise EngineGoneError("the engine process is not running") from None
@@ -230,6 +232,8 @@ def _results(head: dict[str, Any], data: bytes) -> list[Result]:
         raise APIError(503, "not_ready", head.get("msg", "engine is warming up"), {"Retry-After": "1"})
     if err == "timeout":
         raise APIError(504, "timeout", "request not answered in time by the engine (--timeout-s)")
+    if err == "model_not_found":
+        raise APIError(404, "model_not_found", head.get("msg", "unknown model"))
     if err:
         raise RuntimeError(f"engine: {head.get('msg', err)}")
     logits = np.frombuffer(data, dtype=np.float32).reshape(len(head["b"]), head["n"])
@@ -267,31 +271,61 @@ class FrontendState(ServerState):
             return
         s = self.settings
         fix_mmap_threshold()
-        self.art = load_artifact(Path(s.artifact_dir))
-        crop = self.art.preprocess.crop
         self.pool = ThreadPoolExecutor(s.decode_threads, thread_name_prefix="irpe-decode") if s.decode_threads \
             else InlineExecutor()  # auto: decode on the event loop; the front-end processes are the parallelism
         self.budget = PixelBudget(s.resolved_max_decode_pixels())
         slots = min(s.max_queue, max(SLOTS, 2 * s.resolved_max_batch()))
+        if not is_plain_artifact(Path(s.artifact_dir)):
+            self._load_repository(slots)
+            return
+        self.art = load_artifact(Path(s.artifact_dir))
+        crop = self.art.preprocess.crop
         self.remote = RemoteBatcher(self.engine_path, SlotPool(slots, (3, crop, crop)), s.timeout_s)
         self.batcher = self.remote  # type: ignore[assignment]
+
+    def _load_repository(self, slots: int) -> None:
+        """A model repository: route by model and version (:mod:`.remote_repo`)."""
+        from .remote_repo import RemoteRepository
+
+        repo = RemoteRepository(Path(self.settings.artifact_dir), self.settings, self.metrics, self.engine_path,
+                                slots)
+        repo.open(warm=False)
+        mine = [m for m in repo.records.get(repo.default_name(), {}).values() if m.art is not None]
+        if not mine:
+            raise ArtifactError(f"the default model {repo.default_name()!r} has no readable version")
+        mv = max(mine, key=lambda m: m.version)
+        self.repo, self.art, self.batcher = repo, mv.art, mv.batcher
+        self.remote = repo.remotes[mv.art.preprocess.crop]  # type: ignore[union-attr]
 
     def warm(self) -> None:
         """Connect to the engine process and wait until it is warmed up (or failed)."""
         assert self.remote is not None
+        links = list(self.repo.remotes.values()) if self.repo is not None else [self.remote]  # type: ignore
         try:
-            self.remote.connect()
+            for link in links:
+                link.connect()
         except OSError as e:
             self.failure = f"cannot reach the engine process ({e})"
             log.error("%s", self.failure)
             return
-        if self.remote.wait_status() and self.remote.info:
+        if all(link.wait_status() for link in links) and self.remote.info:
             self.engine = _RemoteEngine(EngineInfo(**self.remote.info))  # type: ignore[assignment]
             self.ready = True
             self.metrics.ready.set(1)
             log.info("front end pid %d ready", os.getpid())
+            if self.repo is not None:
+                self._start_routes()
         else:
             self.failure = self.remote.failure or "the engine process stopped"
+
+    def _start_routes(self) -> None:
+        assert self.repo is not None
+        self.repo.warm_all()
+        for vs in self.repo.records.values():
+            for mv in vs.values():
+                mv.engine = self.engine
+        self.started = True
+        self.sync_default()
 
     def check_workers(self) -> None:
         """Unready once the engine process is gone."""
@@ -304,8 +338,10 @@ class FrontendState(ServerState):
     def shutdown(self) -> None:
         """Wait for the engine's answers to what was handed over, then release the slots."""
         self.ready = False
-        if self.remote is not None:
-            self.remote.stop(drain=True, timeout=self.settings.timeout_s)
-            self.remote.pool.close()
+        links = list(self.repo.remotes.values()) if self.repo is not None else [self.remote]  # type: ignore
+        for link in links:
+            if link is not None:
+                link.stop(drain=True, timeout=self.settings.timeout_s)
+                link.pool.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True)

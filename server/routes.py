@@ -13,12 +13,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel
 
-from irpe.artifact import ModelArtifact
-
 from .batching import Result
 from .body import read_images
 from .errors import APIError, error_responses
 from .middleware import authorized
+from .repository import ModelVersion
 from .state import ServerState, get_state
 
 STATIC = Path(__file__).with_name("static")
@@ -48,6 +47,7 @@ _HEALTH_503 = {503: {"model": HealthStatus, "description": "not ready / warm-up 
 
 class ClassifyResponse(BaseModel):
     model: str
+    version: str
     predictions: list[list[Prediction]]
     timing_ms: dict[str, float]
     batch_size: int
@@ -77,14 +77,22 @@ def _timing(decode_s: float, results: list[Result], started: float) -> dict[str,
 
 @router.post("/classify", response_model=None, openapi_extra=_CLASSIFY_BODY,
              responses={200: {"model": ClassifyResponse},
-                        **error_responses(400, 401, 413, 415, 422, 500, 503, 504)}, tags=["classify"])
-async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
-                                                          description="classes per image")) -> Response:
+                        **error_responses(400, 401, 404, 413, 415, 422, 500, 503, 504)}, tags=["classify"])
+async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1, description="classes per image"),
+                   model: str | None = Query(None, description="model name (default: the default model)"),
+                   version: str | None = Query(None, description="model version (default: the newest loaded)"),
+                   ) -> Response:
     """Classify one or several images (multipart field ``file``, repeatable, or a raw image body)."""
     started = time.perf_counter()
     state = get_state(request)
-    art, _ = state.require_ready()
-    if top_k_ > art.num_classes:
+    with state.use(model, version) as mv:
+        return await _classify(request, state, mv, top_k_, started)
+
+
+async def _classify(request: Request, state: ServerState, mv: ModelVersion, k: int, started: float) -> Response:
+    art = mv.art
+    assert art is not None
+    if k > art.num_classes:
         raise APIError(422, "validation_error", f"query.top_k: must be between 1 and {art.num_classes}")
     s = state.settings
     blobs = await read_images(request, s.max_body_bytes, s.max_images)
@@ -92,18 +100,19 @@ async def classify(request: Request, top_k_: int = Query(5, alias="top_k", ge=1,
 
     async def work() -> tuple[list[np.ndarray], float, list[Result]]:
         """Decode, then queue for inference."""
-        arrays, decode_s = await state.preprocess(blobs, deadline=started + s.timeout_s)
-        return arrays, decode_s, await state.infer(arrays)
+        arrays, decode_s = await state.preprocess(blobs, deadline=started + s.timeout_s, art=art)
+        return arrays, decode_s, await state.infer(arrays, mv)
 
     try:
         _, decode_s, results = await state.with_deadline(work(), started)  # type: ignore[misc]
     finally:
         state.release(len(blobs))
     if not all(np.isfinite(r.logits).all() for r in results):
-        log.error("model %s produced non-finite logits on /classify", art.name)
+        log.error("model %s produced non-finite logits on /classify", mv.name)
         raise APIError(500, "non_finite_output", "the model produced NaN/Inf logits for this image")
-    preds = [top_k(r.logits, top_k_, art.labels) for r in results]
-    return fast_json({"model": art.name, "predictions": preds, "timing_ms": _timing(decode_s, results, started),
+    preds = [top_k(r.logits, k, art.labels) for r in results]
+    return fast_json({"model": mv.name, "version": str(mv.version), "predictions": preds,
+                      "timing_ms": _timing(decode_s, results, started),
                       "batch_size": max(r.batch_size for r in results)})
 
 
@@ -112,12 +121,15 @@ def fast_json(body: dict[str, Any]) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-def model_metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
+def model_metadata(state: ServerState, mv: ModelVersion) -> dict[str, Any]:
     """model.json facts plus what is actually running."""
-    info = state.engine.info if state.engine else None
-    return {"name": art.name, "architecture": art.architecture, "img_size": art.img_size,
-            "num_classes": art.num_classes, "labels": art.labels, "preprocess": art.to_dict()["preprocess"],
-            "opset": art.opset, "versions": art.versions, "parity": art.parity, "ready": state.ready,
+    art = mv.art
+    assert art is not None
+    info = mv.engine.info if mv.engine else None
+    return {"name": mv.name, "version": str(mv.version), "architecture": art.architecture,
+            "img_size": art.img_size, "num_classes": art.num_classes, "labels": art.labels,
+            "preprocess": art.to_dict()["preprocess"], "opset": art.opset, "versions": art.versions,
+            "parity": art.parity, "ready": mv.ready,
             "backend": info.backend if info else None, "device": info.device if info else None,
             "precision": info.precision if info else None, "quantization": art.quantization,
             "fidelity": art.fidelity,
@@ -125,20 +137,32 @@ def model_metadata(state: ServerState, art: ModelArtifact) -> dict[str, Any]:
             "max_wait_ms": state.settings.max_wait_ms, "jpeg_draft": state.settings.jpeg_draft}
 
 
+def served(state: ServerState, failed: bool = False) -> list[ModelVersion]:
+    """Every version being served (``failed``: and those whose warm-up failed; a front end of --frontends:
+    its one model)."""
+    if state.repo is not None and state.started:
+        return state.repo.versions(failed)
+    if state.art is None:
+        return []
+    return [ModelVersion(state.art.name, 1, Path(state.settings.artifact_dir), state.art, state.engine,
+                         state.batcher, "READY" if state.ready else "LOADING")]
+
+
 @router.get("/v1/models", tags=["models"], responses=error_responses(401, 500))
 async def list_models(request: Request) -> dict[str, Any]:
-    """Metadata of the served model (from model.json) and the engine running it."""
+    """Metadata of every served model version (from model.json) and the engine running it."""
     state = get_state(request)
-    return {"models": [model_metadata(state, state.art)] if state.art else []}
+    return {"models": [model_metadata(state, mv) for mv in served(state, failed=True)]}
 
 
 @router.get("/v1/models/{name}", tags=["models"], responses=error_responses(401, 404, 500))
 async def get_model(request: Request, name: str) -> dict[str, Any]:
-    """Metadata of one model (404 for another name)."""
+    """Metadata of one model's newest version (404 for a name not served)."""
     state = get_state(request)
-    if state.art is None or name != state.art.name:
+    mine = [mv for mv in served(state, failed=True) if mv.name == name]
+    if not mine:
         raise APIError(404, "model_not_found", f"no model {name!r}; see /v1/models")
-    return model_metadata(state, state.art)
+    return model_metadata(state, max(mine, key=lambda m: m.version))
 
 
 @router.get("/healthz", tags=["health"], responses={200: {"model": HealthStatus}, **_HEALTH_503})
@@ -164,7 +188,7 @@ async def readyz(request: Request) -> JSONResponse:
     state = get_state(request)
     state.check_workers()
     if not state.ready:
-        detail = _failure(request, state) if state.failure else "warming up"
+        detail = _failure(request, state) if state.failure else (state.waiting or "warming up")
         return JSONResponse({"status": "not_ready", "detail": detail}, status_code=503,
                             headers={"Retry-After": "1"})
     return JSONResponse({"status": "ready"})
@@ -176,7 +200,9 @@ async def metrics(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
     state = get_state(request)
-    if state.batcher is not None:
+    if state.repo is not None:
+        state.metrics.queue_depth.set(state.repo.observe())
+    elif state.batcher is not None:
         state.metrics.queue_depth.set(state.batcher.depth)
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from starlette.requests import Request
 
-from irpe.artifact import ModelArtifact, load_artifact
+from irpe.artifact import ArtifactError, ModelArtifact
 
 from .batching import Batcher, BatcherStoppedError, QueueFullError, Result
 from .config import Settings
 from .decode import PixelBudget, prepare
-from .engine import Engine, load_engine, warm_up
+from .engine import Engine
 from .errors import APIError
 from .memory import fix_mmap_threshold
 from .metrics import Metrics
+from .repository import ModelVersion, Repository
 
 log = logging.getLogger("irpe.server")
 
@@ -40,49 +44,124 @@ class ServerState:
     budget: PixelBudget | None = None
     admitted: int = 0  # images of /classify requests being decoded or queued (event-loop owned)
     allowed_hosts: frozenset[str] = frozenset()
+    repo: Repository | None = None  # the models (None in a --frontends front end: one remote model)
+    started: bool = False  # the startup warm-up is over (routes answer 503 before)
+    waiting: str = ""  # why not ready without a failure (the default model is unloaded)
+    _poller: threading.Thread | None = None
+    _stop_poll: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.allowed_hosts = self.settings.host_allowlist()
 
     def load(self) -> None:
-        """Read model.json and build the engine (fails fast: missing files, GPU fallback, ...)."""
+        """Scan the repository (or the one artifact directory), read every model.json and build the engines
+        (fails fast when the default model cannot be loaded: missing files, checksum, GPU fallback, ...)."""
         s = self.settings
         fix_mmap_threshold()
-        self.art = load_artifact(Path(s.artifact_dir))
-        self.engine = load_engine(s.artifact_dir, self.art, backend=s.backend, device=s.device,
-                                  threads=s.resolved_threads(), max_batch=s.resolved_max_batch(),
-                                  precision=s.precision, streams=s.resolved_inference_threads())
-        info = self.engine.info
-        log.info("model %s: backend %s (%s) on %s, providers in use %s, batch sizes %s, %d inference thread(s) "
-                 "x %d intra-op thread(s)", self.art.name, info.backend, info.precision, info.device, info.providers,
-                 info.batch_sizes, s.resolved_inference_threads(), s.resolved_threads())
+        self.repo = Repository(Path(s.artifact_dir), s, self.metrics)
+        self.repo.open(warm=False)
+        name = self.repo.default_name()
+        tried = self.repo.records.get(name, {})
+        failed = [mv.reason for mv in tried.values() if mv.state == "UNAVAILABLE"]
+        if not tried or failed and not any(mv.engine for mv in tried.values()):
+            raise ArtifactError(failed[0] if failed else f"default model {name!r} is not in {s.artifact_dir} "
+                                f"(models: {sorted(self.repo.dirs)}); fix --default-model")
+        mv = max((m for m in tried.values() if m.engine is not None), key=lambda m: m.version)
+        self.art, self.engine, self.batcher = mv.art, mv.engine, mv.batcher
         self.pool = ThreadPoolExecutor(s.resolved_decode_threads(), thread_name_prefix="irpe-decode")
         self.budget = PixelBudget(s.resolved_max_decode_pixels())
-        self.batcher = Batcher(self.engine.run, sizes=info.batch_sizes, max_wait_ms=s.max_wait_ms,
-                               max_queue=s.max_queue, metrics=self.metrics,
-                               workers=s.resolved_inference_threads())
 
     def warm(self) -> None:
-        """Run every batch size once, then start the batcher and report ready."""
-        assert self.engine is not None and self.art is not None and self.batcher is not None
+        """Warm every loaded version (every batch size once), start the batchers; ready when the default
+        model is. With ``--model-control poll``, start watching the repository."""
+        assert self.repo is not None
         try:
-            took = warm_up(self.engine, self.art)
-        except Exception as e:
-            self.failure = f"warm-up failed: {e}"
-            log.exception("warm-up failed; the server stays unready")
+            self.repo.warm_all()
+        finally:
+            self.started = True
+            self.sync_default()
+        if not self.ready:
+            name = self.repo.default_name()
+            reasons = [mv.reason for mv in self.repo.records.get(name, {}).values() if mv.reason]
+            self.failure = reasons[0] if reasons else "warm-up failed"
+            log.error("the default model %s is not ready; the server stays unready", name)
             return
-        self.batcher.start()
-        self.ready = True
-        self.metrics.ready.set(1)
-        log.info("warm-up of batch sizes %s took %.2fs; ready", self.engine.info.batch_sizes, took)
+        log.info("ready: %s", self.repo.describe())
+        if self.settings.model_control == "poll":
+            self._poller = threading.Thread(target=self._poll, name="irpe-repository-poll", daemon=True)
+            self._poller.start()
+
+    def sync_default(self) -> None:
+        """Point ``art``/``engine``/``batcher``/``ready`` at the default model's newest READY version."""
+        assert self.repo is not None
+        mv = self.repo.newest(self.repo.default_name())
+        if mv is not None:
+            self.art, self.engine, self.batcher = mv.art, mv.engine, mv.batcher
+        self.ready = mv is not None
+        self.waiting = "" if mv else f"default model {self.repo.default_name()!r} is not loaded"
+        self.metrics.ready.set(1 if self.ready else 0)
+
+    def _poll(self) -> None:
+        assert self.repo is not None
+        while not self._stop_poll.wait(self.settings.poll_interval_s):
+            try:
+                self.repo.poll()
+            except Exception:  # a repository that cannot be read now: try again next time
+                log.exception("polling the model repository failed")
+            self.sync_default()
+
+    def control(self, name: str, load: bool) -> None:
+        """``POST /v2/repository/models/{name}/load|unload`` (blocking: run it in a thread)."""
+        assert self.repo is not None
+        mode = self.settings.model_control
+        known = name in self.repo.dirs or name in self.repo.records
+        if not known and not (load and mode == "explicit"):
+            raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' is not in the model "
+                           f"repository {self.settings.artifact_dir} (models: {sorted(self.repo.dirs)})")
+        if mode != "explicit":
+            if load and self.repo.newest(name) is not None:
+                return  # already loaded: a no-op, as before
+            what = "load" if load else "unload"
+            raise APIError(400, "unsupported", f"explicit model {what} is not allowed with --model-control "
+                           f"{mode}; restart with --model-control explicit")
+        try:
+            self.repo.load(name) if load else self.repo.unload(name)
+        except KeyError:
+            raise APIError(404, "model_not_found", f"failed to load '{name}': no such model in the repository "
+                           f"{self.settings.artifact_dir} (models: {sorted(self.repo.dirs)})") from None
+        except ArtifactError as e:
+            raise APIError(400, "load_failed", str(e)) from None
+        finally:
+            self.sync_default()
 
     def shutdown(self) -> None:
-        """Drain the batcher (queued images still run), then stop the decode pool."""
+        """Drain the batchers (queued images still run), then stop the decode pool."""
         self.ready = False
-        if self.batcher is not None:
+        self._stop_poll.set()
+        if self._poller is not None:
+            self._poller.join(self.settings.timeout_s)
+        if self.repo is not None:
+            self.repo.shutdown(self.settings.timeout_s)
+        elif self.batcher is not None:
             self.batcher.stop(drain=True, timeout=self.settings.timeout_s)
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+
+    @contextmanager
+    def use(self, name: str | None = None, version: str | None = None) -> Iterator[ModelVersion]:
+        """The model version a request runs on, held until the request is answered (404 for an unknown
+        model or version; 503 while the server is still warming up)."""
+        if self.repo is None or not self.started:
+            art, batcher = self.require_ready()
+            if name not in (None, "", art.name) or version not in (None, "", "1"):
+                raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' version "
+                               f"{version or '1'} is not found (this server serves {art.name!r} version 1)")
+            yield ModelVersion(art.name, 1, Path(self.settings.artifact_dir), art, self.engine, batcher, "READY")
+            return
+        self.check_workers()
+        with self.repo.acquire(name, version) as mv:
+            self.repo.check_alive(mv)
+            yield mv
 
     def check_workers(self) -> None:
         """A ready server whose inference thread died (an error outside the engine call) turns unready."""
@@ -106,7 +185,8 @@ class ServerState:
     def admit(self, n: int) -> None:
         """Count ``n`` images as admitted before any is decoded: 503 with Retry-After when the images
         being decoded or queued would pass --max-queue (a many-image request is refused, not decoded)."""
-        self.require_ready()
+        if self.repo is None:
+            self.require_ready()
         if n > self.settings.max_queue:
             raise APIError(413, "too_many_files", f"{n} images in one request; the queue holds "
                            f"{self.settings.max_queue} (--max-queue)")
@@ -121,12 +201,14 @@ class ServerState:
         """Undo :meth:`admit` once the images are answered (or failed)."""
         self.admitted = max(0, self.admitted - n)
 
-    async def preprocess(self, blobs: list[bytes], deadline: float | None = None) -> tuple[list[np.ndarray], float]:
+    async def preprocess(self, blobs: list[bytes], deadline: float | None = None,
+                         art: ModelArtifact | None = None) -> tuple[list[np.ndarray], float]:
         """Decode + preprocess every blob in the pool; the first failure fails all (the rest are not started).
 
         Fair share: one request has at most half the decode threads busy at once, so a many-image
-        request does not hold the whole pool; every decode holds its pixels from the shared budget."""
-        art, _ = self.require_ready()
+        request does not hold the whole pool; every decode holds its pixels from the shared budget.
+        ``art``: the model whose preprocessing applies (default: the default model)."""
+        art = art or self.require_ready()[0]
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
         s = self.settings
@@ -150,9 +232,10 @@ class ServerState:
             self.metrics.decode.observe(seconds)
         return [x for x, _ in done], time.perf_counter() - start
 
-    async def infer(self, arrays: list[np.ndarray]) -> list[Result]:
-        """Queue arrays for the batcher; 503 with Retry-After when the queue is full."""
-        _, batcher = self.require_ready()
+    async def infer(self, arrays: list[np.ndarray], mv: ModelVersion | None = None) -> list[Result]:
+        """Queue arrays for the batcher of ``mv`` (default: the default model's); 503 with Retry-After when
+        the queue is full."""
+        batcher = mv.batcher if mv is not None and mv.batcher is not None else self.require_ready()[1]
         try:
             results = await batcher.submit(arrays)
         except QueueFullError as e:
@@ -160,6 +243,8 @@ class ServerState:
         except BatcherStoppedError as e:
             raise APIError(503, "shutting_down", str(e), {"Retry-After": "1"}) from None
         self.metrics.images.inc(len(results))
+        if self.repo is not None and mv is not None:
+            self.repo.labeled.images.labels(mv.name, str(mv.version)).inc(len(results))
         return results
 
     async def with_deadline(self, coro: object, started: float) -> object:

@@ -13,6 +13,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_latency_bench(bsub)
     add_cpu_bench(bsub)
     add_digits_bench(bsub)
+    add_repository_bench(bsub)
 
 
 def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
@@ -185,3 +186,24 @@ def _run_frontend(args: argparse.Namespace) -> int:
     run_frontend_bench(args.artifact, args.requests, conc, counts, args.baseline_pythonpath, images,
                        tuple(args.server_arg), args.baseline or BEFORE_ISSUE_13, max(1, args.rounds))
     return 0
+
+
+def add_repository_bench(bsub: argparse._SubParsersAction) -> None:
+    """``irpe bench repository`` (issue 19): req/s with two models under load vs one, and fairness."""
+    p = bsub.add_parser("repository", help="one server: one model vs two models under load (req/s, share, "
+                                           "a quiet model's latency next to a flooded one)")
+    p.add_argument("--artifact", default="digits", help="artifact served as models a and b (default: digits)")
+    p.add_argument("--requests", type=int, default=400, help="requests per scenario and round")
+    p.add_argument("--concurrency", type=int, default=16, help="clients in all")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
+
+    def run(args: argparse.Namespace) -> int:
+        """Run the scenarios, print the table and ratios."""
+        from irpe.benchmarks.repository import run_repo_bench
+
+        if args.requests < 2 or args.concurrency < 2:
+            raise ValueError("--requests and --concurrency must be >= 2")
+        run_repo_bench(args.artifact, args.requests, args.concurrency, tuple(args.server_arg))
+        return 0
+
+    p.set_defaults(func=run)

@@ -51,7 +51,20 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="HTTP front-end processes (decode + preprocess) on one port feeding one engine process "
                    "through shared memory; 0: one process; default 'auto': one per core but one with --device cuda, "
                    "one process on cpu")
+    _add_repository(p)
     p.set_defaults(func=run_serve)
+
+
+def _add_repository(p: argparse.ArgumentParser) -> None:
+    """Model repository (issue 19): ARTIFACT_DIR may be a repository of <model>/<version>/ directories."""
+    p.add_argument("--model-control", choices=["none", "poll", "explicit"],
+                   help="none (default): the models found at startup; poll: rescan the repository every "
+                   "--poll-interval-s and load new versions / unload removed ones; explicit: POST "
+                   "/v2/repository/models/NAME/load|unload")
+    p.add_argument("--poll-interval-s", type=float, help="repository rescan interval with --model-control poll "
+                   "(default 5)")
+    p.add_argument("--default-model", help="the model /classify serves without ?model= (default: the only, or "
+                   "first by name, model of the repository)")
 
 
 def _add_limits(p: argparse.ArgumentParser) -> None:
@@ -80,14 +93,18 @@ def run_serve(args: argparse.Namespace) -> int:
     from irpe.artifact.builtin import resolve_artifact_dir
     from irpe.server.app import serve
     from irpe.server.config import Settings
+    from irpe.server.repo_layout import check_layout, is_plain_artifact
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
-            "jpeg_draft", "precision", *LIMIT_KEYS, "frontends"]
+            "jpeg_draft", "precision", *LIMIT_KEYS, "frontends", "model_control", "poll_interval_s", "default_model"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
     settings.check_exposure()  # before anything else: an exposed server without a key never starts
     settings.artifact_dir = str(resolve_artifact_dir(settings.artifact_dir))  # 'digits': the shipped model
-    load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
+    if is_plain_artifact(Path(settings.artifact_dir)) or not Path(settings.artifact_dir).is_dir():
+        load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
+    else:
+        check_layout(Path(settings.artifact_dir))  # a model repository: <model>/<version>/
     serve(settings)
     return 0
 

@@ -102,7 +102,7 @@ def test_error_responses_declare_the_real_error_model(server: ServerProcess) -> 
                     want = V2_ERROR_REF if path.startswith("/v2") else ERROR_REF
                     assert ref == want, f"{method} {path} {status}: {ref}"
                     declared.setdefault(f"{method} {path}", set()).add(status)
-    assert declared["post /classify"] == {"400", "401", "413", "415", "422", "500", "503", "504"}
+    assert declared["post /classify"] == {"400", "401", "404", "413", "415", "422", "500", "503", "504"}
     assert {"400", "404", "413"} <= declared["post /v2/models/{name}/infer"]
     assert declared["get /v1/models/{name}"] == {"401", "404", "500"}
 
@@ -113,6 +113,8 @@ ERRORS = [  # (path, method, request kwargs, status)
     ("/classify", "POST", {"content": b"plain", "headers": {"content-type": "text/plain"}}, 415),
     ("/classify", "POST", {"content": b"not an image", "headers": {"content-type": "image/png"}}, 415),
     ("/v1/models/{name}", "GET", {}, 404),
+    ("/classify", "POST", {"params": {"model": "nope"}, "content": b"x",
+                           "headers": {"content-type": "image/png"}}, 404),
     ("/v2/models/{name}/infer", "POST", {"content": b'{"inputs": []}'}, 400),
     ("/v2/models/{name}/infer", "POST", {"content": b"{nope"}, 400),
 ]
