@@ -12,7 +12,8 @@ from irpe.training.loop import TrainConfig, TrainResult, train
 from irpe.training.presets import train_config
 
 MICRO = "deit_micro_patch4_32_ctx_product_shared_k"
-SHORT_DIGITS = dict(epochs=6, batch_size=16, lr=0.064, warmup_epochs=1, drop_path=0.0, threads=1, progress=False)
+SHORT_DIGITS = dict(epochs=6, batch_size=16, lr=0.064, warmup_epochs=1, drop_path=0.0, threads=1, processes=1,
+                    progress=False)
 
 
 def make_image_folder(root: Path, classes: int = 4, per_class: int = 6, size: int = 40) -> Path:
