@@ -5,7 +5,7 @@ but two processes of one thread each, every one on its own share of each batch w
 by gloo over 127.0.0.1, use two cores almost fully. The run is the torchrun one (``RANK``/``WORLD_SIZE``
 set per process, :func:`irpe.training.loop.train` in each): rank 0 writes the checkpoint and log.txt.
 The world size is part of the recipe (it is recorded in the checkpoint's ``args``), so a run gives the
-same model on any machine, however many cores it has.
+same model on any machine, however many cores it has. ``device="auto"`` trains the ranks on CPU.
 """
 
 from __future__ import annotations
@@ -63,6 +63,14 @@ def train_processes(cfg: TrainConfig) -> TrainResult:
     from .checkpoints import CHECKPOINT_NAME
     from .loop import TrainResult
 
+    if cfg.device == "auto":  # the process group is for CPU cores; one GPU per rank only when asked for
+        cfg = replace(cfg, device="cpu")
+    elif cfg.device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.device_count() < cfg.processes:
+            raise ValueError(f"--processes {cfg.processes} with --device cuda needs {cfg.processes} GPUs, found "
+                             f"{torch.cuda.device_count()}; pass --processes 1 (or --device cpu)")
     start, port = time.perf_counter(), _free_port()
     ctx = mp.get_context("spawn")  # a fresh interpreter per rank: no forked torch or OpenMP state
     procs = [ctx.Process(target=_rank_main, args=(cfg, rank, port), daemon=True) for rank in range(cfg.processes)]
