@@ -48,7 +48,7 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
 
 
 RETRAIN_COMMAND = "irpe quickstart --retrain"
-DATA_REVISION = 3  # the digits renderings/augmentation; part of the cache key
+DATA_REVISION = 5  # the digits renderings/augmentation; part of the cache key
 
 
 def quickstart_config(output: str = "") -> TrainConfig:
