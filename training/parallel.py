@@ -15,10 +15,11 @@ import multiprocessing as mp
 import os
 import resource
 import socket
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .loop import TrainConfig, TrainResult
@@ -30,16 +31,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(cfg: TrainConfig, rank: int, port: int) -> None:
-    """One process of the group (runs in a spawned child)."""
+def _rank_main(cfg: TrainConfig, rank: int, port: int, errors: Any) -> None:
+    """One process of the group (runs in a spawned child); an exception goes to the parent to be raised
+    there as it is (a user error stays one clear line, no traceback per rank)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(cfg.processes), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(cfg.threads or 1))
     from .loop import train
 
-    train(replace(cfg, threads=cfg.threads or 1, progress=cfg.progress and rank == 0))
+    try:
+        train(replace(cfg, threads=cfg.threads or 1, progress=cfg.progress and rank == 0))
+    except Exception as e:  # noqa: BLE001 - handed to the parent, which raises it
+        try:
+            errors.put(e)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle: its text then
+            errors.put(RuntimeError(f"training process {rank}: {type(e).__name__}: {e}"))
+        sys.exit(1)
 
 
-def _wait(procs: list[mp.process.BaseProcess]) -> None:
+def _wait(procs: list[mp.process.BaseProcess], errors: Any) -> None:
     """Join every process; when one fails, stop the others (they would wait for it forever) and raise."""
     from multiprocessing.connection import wait
 
@@ -53,6 +62,8 @@ def _wait(procs: list[mp.process.BaseProcess]) -> None:
         if p.is_alive():
             p.terminate()
         p.join()
+    if failed is not None and not errors.empty():
+        raise errors.get()
     if failed is not None:
         raise RuntimeError(f"training process {procs.index(failed)} of {len(procs)} exited with status "
                            f"{failed.exitcode} (its traceback is above); the others were stopped")
@@ -73,10 +84,12 @@ def train_processes(cfg: TrainConfig) -> TrainResult:
                              f"{torch.cuda.device_count()}; pass --processes 1 (or --device cpu)")
     start, port = time.perf_counter(), _free_port()
     ctx = mp.get_context("spawn")  # a fresh interpreter per rank: no forked torch or OpenMP state
-    procs = [ctx.Process(target=_rank_main, args=(cfg, rank, port), daemon=True) for rank in range(cfg.processes)]
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_rank_main, args=(cfg, rank, port, errors), daemon=True)
+             for rank in range(cfg.processes)]
     for p in procs:
         p.start()
-    _wait(procs)
+    _wait(procs, errors)
     out = Path(cfg.output)
     history = [json.loads(line) for line in (out / "log.txt").read_text().splitlines() if line.strip()]
     return TrainResult(out / CHECKPOINT_NAME, history, time.perf_counter() - start)
