@@ -28,7 +28,7 @@ __all__ = ["CLASS_NAMES", "MAX_VALUE", "DigitsDataset", "digit_image", "digits_b
            "pixels01", "random_affine", "rendered_variants", "split_digits"]
 
 CLASS_NAMES = [str(i) for i in range(10)]
-VARIANTS = 6  # pre-rendered training renderings per digit
+VARIANTS = 8  # pre-rendered training renderings per digit
 PLAIN_SHARE = 0.25  # share of training samples that use the plain rendering
 
 
@@ -76,13 +76,15 @@ class DigitsDataset(Dataset):
 
 
 def random_affine(x: torch.Tensor, degrees: float = 8.0, shift: float = 0.04,
-                  scale: tuple[float, float] = (0.92, 1.08)) -> torch.Tensor:
-    """Rotate by up to ``degrees``, shift by up to ``shift`` of the side, rescale; zero (ink-free) fill."""
+                  scale: tuple[float, float] = (0.92, 1.08), shear: float = 0.15) -> torch.Tensor:
+    """Rotate by up to ``degrees``, slant (horizontal shear up to ``shear``: handwriting leans), shift by up
+    to ``shift`` of the side, rescale; zero (ink-free) fill."""
     angle = math.radians(float(torch.empty(1).uniform_(-degrees, degrees)))
     s = float(torch.empty(1).uniform_(*scale))
     tx, ty = (float(t) for t in torch.empty(2).uniform_(-2 * shift, 2 * shift))
+    k = float(torch.empty(1).uniform_(-shear, shear))
     cos, sin = math.cos(angle) / s, math.sin(angle) / s
-    theta = torch.tensor([[[cos, -sin, tx], [sin, cos, ty]]], dtype=torch.float32)
+    theta = torch.tensor([[[cos, cos * k - sin, tx], [sin, sin * k + cos, ty]]], dtype=torch.float32)
     grid = F.affine_grid(theta, [1, *x.shape], align_corners=False)
     return F.grid_sample(x[None], grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0]
 

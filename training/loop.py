@@ -48,6 +48,7 @@ class TrainConfig:
     device: str = "auto"
     workers: int = 0
     threads: int | None = None
+    processes: int = 1  # > 1: data-parallel in that many local processes (training/parallel.py)
     resume: str | None = None
     stop_after: int | None = None
     progress: bool = True
@@ -90,9 +91,10 @@ def setup_distributed(device: str) -> tuple[Dist, torch.device]:
     return dist, dev
 
 
-def seed_epoch(seed: int, epoch: int) -> torch.Generator:
-    """Seed torch's global RNG for this epoch; return a generator for the loader."""
-    torch.manual_seed(seed * 100_003 + epoch)
+def seed_epoch(seed: int, epoch: int, rank: int = 0) -> torch.Generator:
+    """Seed torch's global RNG for this epoch (and process: augmentation differs per rank); return a
+    generator for the loader."""
+    torch.manual_seed(seed * 100_003 + epoch + 7_919 * rank)
     return torch.Generator().manual_seed(seed * 100_019 + epoch)
 
 
@@ -104,7 +106,7 @@ def make_loader(ds: Dataset, cfg: TrainConfig, dist: Dist, epoch: int, train: bo
         sampler.set_epoch(epoch)
     drop = train and len(ds) >= cfg.batch_size * dist.world
     return DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, shuffle=False, drop_last=drop,
-                      num_workers=cfg.workers, generator=seed_epoch(cfg.seed, epoch) if train else None,
+                      num_workers=cfg.workers, generator=seed_epoch(cfg.seed, epoch, dist.rank) if train else None,
                       persistent_workers=False)
 
 
@@ -183,6 +185,10 @@ def prepare(cfg: TrainConfig) -> tuple[Dist, torch.device, DataBundle, nn.Module
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) training; rank 0 writes ``OUTPUT/checkpoint.pth`` and ``log.txt`` every epoch."""
+    if cfg.processes > 1 and "RANK" not in os.environ:
+        from .parallel import train_processes
+
+        return train_processes(cfg)
     start = time.perf_counter()
     resume = read_checkpoint(cfg.resume) if cfg.resume else None  # refuses unsafe pickles unexecuted
     dist, dev, data, model = prepare(cfg)

@@ -21,7 +21,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +48,7 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
 
 
 RETRAIN_COMMAND = "irpe quickstart --retrain"
-DATA_REVISION = 3  # the digits renderings/augmentation; part of the cache key
+DATA_REVISION = 5  # the digits renderings/augmentation; part of the cache key
 
 
 def quickstart_config(output: str = "") -> TrainConfig:
@@ -74,6 +73,7 @@ def trained_checkpoint(root: Path, progress: bool = True) -> Path:
     """The cached digits checkpoint, training (or resuming an interrupted run) when needed."""
     from .checkpoints import CHECKPOINT_NAME
     from .loop import train
+    from .parallel import cpu_seconds
 
     cfg = quickstart_config()
     run = root / "quickstart" / config_hash(cfg) / "train"
@@ -84,11 +84,11 @@ def trained_checkpoint(root: Path, progress: bool = True) -> Path:
     _say(f"training the digits model into {run} (once; a few minutes on 2 cores)", progress)
     cfg.output, cfg.progress = str(run), progress
     cfg.resume = str(ckpt) if ckpt.is_file() else None
-    cpu = time.process_time()
+    cpu = cpu_seconds()
     result = train(cfg)
     done.write_text(json.dumps({"val_acc": result.val_acc, "seconds": result.seconds,
-                                "cpu_seconds": time.process_time() - cpu,
-                                "threads": cfg.threads or torch_threads()}) + "\n")
+                                "cpu_seconds": cpu_seconds() - cpu, "processes": cfg.processes,
+                                "threads": cfg.threads or (1 if cfg.processes > 1 else torch_threads())}) + "\n")
     return ckpt
 
 
@@ -106,7 +106,8 @@ def training_record(checkpoint: Path) -> dict[str, Any]:
     return {"command": RETRAIN_COMMAND, "seed": cfg.seed, "irpe_version": __version__, "data": "digits",
             "data_revision": DATA_REVISION, "model": cfg.model, "epochs": cfg.epochs, "batch_size": cfg.batch_size,
             "val_acc": run.get("val_acc"), "train_seconds": run.get("seconds"),
-            "train_cpu_seconds": run.get("cpu_seconds"), "threads": run.get("threads"),
+            "train_cpu_seconds": run.get("cpu_seconds"), "processes": run.get("processes", 1),
+            "threads": run.get("threads"),
             "config_hash": config_hash(cfg)}
 
 

@@ -179,7 +179,7 @@ def training_rendering(rng: np.random.Generator) -> Rendering:
         r = replace(r, **dict(zip(("paper", "ink"), _colours(rng), strict=True)))
     elif rng.random() < 0.5:
         r = replace(r, **_DARK)
-    if rng.random() < 0.4 and r.size >= 24:
+    if rng.random() < 0.5 and r.size >= 24:
         r = replace(r, stroke=int(rng.choice([-1, 1])))
     if rng.random() < 0.5 and r.size >= 24:
         r = replace(r, margin=float(rng.uniform(0.08, 0.34)),

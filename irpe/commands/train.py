@@ -34,6 +34,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads (default 2; 1 when the machine is already busy)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar / epoch lines")
+    p.add_argument("--processes", type=int, default=None,
+                   help="data-parallel local processes, 1 thread each (default 1, digits 2; part of the recipe)")
     p.set_defaults(func=_run_train)
 
 
@@ -41,7 +43,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from irpe.training.loop import train
     from irpe.training.presets import train_config
 
-    given = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "warmup_epochs", "drop_path")}
+    given = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "warmup_epochs", "drop_path", "processes")}
     cfg = train_config(args.data, args.output, model=args.model, overrides=model_overrides(args),
                        seed=args.seed, device=args.device, workers=args.workers, threads=args.threads,
                        resume=args.resume, stop_after=args.stop_after, progress=not args.no_progress,

@@ -12,7 +12,8 @@ from irpe.training.loop import TrainConfig, TrainResult, train
 from irpe.training.presets import train_config
 
 MICRO = "deit_micro_patch4_32_ctx_product_shared_k"
-SHORT_DIGITS = dict(epochs=6, batch_size=16, lr=0.064, warmup_epochs=1, drop_path=0.0, threads=1, progress=False)
+SHORT_DIGITS = dict(epochs=8, batch_size=16, lr=0.064, warmup_epochs=1, drop_path=0.0, threads=1, processes=1,
+                    progress=False)
 
 
 def make_image_folder(root: Path, classes: int = 4, per_class: int = 6, size: int = 40) -> Path:
@@ -44,6 +45,6 @@ def tiny_config(data: Path, out: Path, **kw: object) -> TrainConfig:
 
 @pytest.fixture(scope="session")
 def digits_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
-    """4 short epochs of the digits model (about 20 s on 2 cores)."""
+    """8 short epochs of the digits model (about 30 s on 2 cores)."""
     out = tmp_path_factory.mktemp("digits_run")
     return train(train_config("digits", str(out), **SHORT_DIGITS))

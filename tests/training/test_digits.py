@@ -75,6 +75,23 @@ def test_training_augmentation_is_a_small_ink_preserving_affine(bundle):
     assert torch.equal(a[0], a[1]) and torch.equal(a[0], a[2])  # grey, replicated
 
 
+def test_augmentation_slants_like_handwriting_and_is_the_identity_when_zeroed():
+    bar = torch.zeros(1, 32, 32)
+    bar[:, 4:28, 15:17] = 1.0  # a vertical stroke
+    still = random_affine(bar, degrees=0.0, shift=0.0, scale=(1.0, 1.0), shear=0.0)
+    assert torch.allclose(still, bar, atol=1e-5)
+    torch.manual_seed(0)
+    leans = [random_affine(bar, degrees=0.0, shift=0.0, scale=(1.0, 1.0), shear=0.3) for _ in range(8)]
+    cols = torch.arange(32, dtype=torch.float32)
+
+    def centre(img: torch.Tensor) -> float:
+        return float((img.sum(0) * cols).sum() / img.sum())
+
+    tilt = [centre(y[0, 4:12]) - centre(y[0, 20:28]) for y in leans]  # top minus bottom column centre
+    assert max(abs(t) for t in tilt) > 1.5 and min(tilt) < 0 < max(tilt)  # slanted, both ways
+    assert all(abs(float(y.sum() / bar.sum()) - 1) < 0.05 for y in leans)  # shear keeps the ink
+
+
 def test_png_of_held_out_digits_gets_the_same_label_as_the_training_pipeline(digits_run, bundle):
     model, _ = load_checkpoint_with_info(digits_run.checkpoint)
     _, x_va, _, _ = split_digits()
