@@ -139,8 +139,8 @@ def serve(settings: Settings) -> None:
 
 
 def _check_repository_fits(settings: Settings, frontends: int) -> None:
-    """A model repository with model control runs in one process: refuse --frontends with it, and --workers
-    with several models or model control."""
+    """A model repository with several models or model control: refuse --workers (each worker would hold
+    its own copy; --frontends shares one engine process and forwards model control to it)."""
     from pathlib import Path
 
     from .repo_layout import is_plain_artifact, scan
@@ -154,9 +154,6 @@ def _check_repository_fits(settings: Settings, frontends: int) -> None:
                          f"(models: {names}); fix --default-model")
     if is_plain_artifact(root):
         return
-    if frontends and settings.model_control != "none":
-        raise SystemExit("irpe serve: error: --frontends serves a fixed set of models; --model-control "
-                         f"{settings.model_control} runs in one process: drop --frontends")
     several = len(names) > 1 or settings.model_control != "none"
     if several and settings.workers > 1:
         raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "

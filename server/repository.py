@@ -113,6 +113,7 @@ class Repository:
         self._control = threading.RLock()  # one load / unload / poll at a time
         self.labeled = ModelMetrics(self.metrics)
         self._quiet = False
+        self.on_retire: Callable[[ModelVersion], None] | None = None  # --frontends: the engine tells the front ends
 
     # ---- routing (event loop) ----
     def names(self) -> list[str]:
@@ -341,6 +342,8 @@ class Repository:
 
     def _retire(self, mv: ModelVersion) -> None:
         """Unroutable at once; requests holding it finish on it; then its batcher drains and the engine goes."""
+        if self.on_retire is not None and mv.ready:
+            self.on_retire(mv)
         with self._route:
             was_ready = mv.ready
             mv.state, mv.reason = "UNAVAILABLE", "unloaded"

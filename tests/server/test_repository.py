@@ -291,8 +291,7 @@ def test_poll_picks_up_new_versions_and_models_on_openvino(tmp_path: Path) -> No
             client.close()
 
 
-@pytest.mark.parametrize("flags, needle", [(("--frontends", "2", "--model-control", "poll"), "drop --frontends"),
-                                           (("--workers", "2"), "use --workers 1"),
+@pytest.mark.parametrize("flags, needle", [(("--workers", "2"), "use --workers 1"),
                                            (("--default-model", "nope"), "fix --default-model")])
 def test_what_a_repository_cannot_do_yet_is_one_line(repo: Path, flags: tuple[str, ...], needle: str) -> None:
     import subprocess
