@@ -28,13 +28,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("frontrepo")
     constant_artifact(root / "main" / "1", 1)
     constant_artifact(root / "swap" / "1", 1)
+    constant_artifact(root / "later" / "1", 7)  # not in --load-model: not loaded at startup
     return root
 
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[ServerProcess]:
-    with serving(repo, "--frontends", "2", "--model-control", "explicit", "--default-model", "main",
-                 "--max-wait-ms", "2", "--timeout-s", "20") as proc:
+    with serving(repo, "--frontends", "2", "--model-control", "explicit", "--load-model", "main",
+                 "--load-model", "swap", "--max-wait-ms", "2", "--timeout-s", "20") as proc:
         yield proc
 
 
@@ -63,7 +64,11 @@ def _infer(client: triton.InferenceServerClient, name: str, crop: int = CROP, ve
 def test_a_load_reaches_every_front_end_and_an_unload_404s(server: ServerProcess, repo: Path,
                                                           client: triton.InferenceServerClient) -> None:
     pooled_artifact(repo / "fresh" / "1", 24, 6)  # a new model with a crop size no front end has a pool for
-    assert [r["name"] for r in client.get_model_repository_index()] == ["main", "swap"]
+    index = {r["name"]: r["state"] for r in client.get_model_repository_index()}
+    assert index == {"later": "UNAVAILABLE", "main": "READY", "swap": "READY"}
+    assert _classify(server.url, "?model=later").status_code == 404 and _classify(server.url).json()["model"] == "main"
+    client.load_model("later")
+    assert {_top(_classify(server.url, "?model=later").json()) for _ in range(4)} == {7}
     client.load_model("fresh")
     assert len(_routing_pids(server.url, "fresh", "1")) == 3  # the engine and both front ends
     for _ in range(6):  # fresh connections: either front end may answer
