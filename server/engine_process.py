@@ -35,7 +35,8 @@ from .state import ServerState
 log = logging.getLogger("irpe.server")
 
 
-GRACE_S = 0.2  # a version leaving the front ends' routing tables: time for them to stop sending to it
+GRACE_S = 0.2  # a version leaving the front ends' routing tables: time for requests already sent to arrive
+ACK_TIMEOUT_S = 5.0  # the longest a repository change waits for every front end to apply it
 
 
 def status(state: ServerState, leaving: Collection[object] = ()) -> dict[str, Any]:
@@ -105,6 +106,9 @@ class EngineServer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._sent: list | None = None  # the versions last broadcast
         self._leaving: weakref.WeakSet = weakref.WeakSet()  # versions being retired: no longer announced
+        self._seq = 0  # status frames broadcast
+        self._acked: dict[asyncio.StreamWriter, int] = {}  # the last status each front-end link applied
+        self._ack = asyncio.Event()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One front end: hello (its slots), then requests until it hangs up."""
@@ -123,6 +127,10 @@ class EngineServer:
                     head = {"op": "reply", "rid": rid} if rid is not None else {"op": "stats"}
                     writer.write(pack({**head, "stats": self._stats(frame[0])}))
                     continue
+                if frame[0].get("op") == "ack":  # a front end has applied status ``seq``
+                    self._acked[writer] = int(frame[0]["seq"])
+                    self._ack.set()
+                    continue
                 work = self._control(frame[0], writer) if frame[0].get("op") == "control" else \
                     self._reply(array, frame[0], writer)
                 task = asyncio.ensure_future(work)
@@ -132,6 +140,7 @@ class EngineServer:
             pass
         finally:
             self.writers.discard(writer)
+            self._acked.pop(writer, None)
             writer.close()
             del array
             with contextlib.suppress(BufferError):  # views still queued keep the mapping until collected
@@ -163,24 +172,40 @@ class EngineServer:
         except Exception as e:  # a failure outside the repository's own handling: 500, the engine keeps serving
             log.exception("repository control of %s failed", head.get("name"))
             reply.update(status=500, code="internal", msg=f"{type(e).__name__}: {e}"[:500])
-        self.broadcast()
+        await self.told()
         if not writer.is_closing():
             writer.write(pack(reply))
 
-    def broadcast(self) -> None:
-        """Send the current status to every connected front end (event loop)."""
-        head = status(self.state, self._leaving)
+    def broadcast(self) -> int:
+        """Send the current status to every connected front end (event loop); its sequence number."""
+        self._seq += 1
+        head = {**status(self.state, self._leaving), "seq": self._seq}
         self._sent = head.get("versions")
         frame = pack(head)
         for w in list(self.writers):
             if not w.is_closing():
                 w.write(frame)
+        return self._seq
+
+    async def told(self) -> None:
+        """Broadcast the status and wait until every front-end link has applied it (or ACK_TIMEOUT_S)."""
+        seq = self.broadcast()
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        while any(self._acked.get(w, 0) < seq for w in self.writers if not w.is_closing()):
+            self._ack.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("a front end did not confirm the repository change within %.0fs", ACK_TIMEOUT_S)
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ack.wait(), left)
 
     def before_retire(self, mv: object) -> None:
-        """Repository hook (control or poll thread): the front ends stop routing to ``mv`` before the
+        """Repository hook (control or poll thread): every front end stops routing to ``mv`` before the
         engine stops taking requests for it; requests already sent still arrive and finish on it."""
+        assert self.loop is not None
         self._leaving.add(mv)
-        self.loop.call_soon_threadsafe(self.broadcast)
+        asyncio.run_coroutine_threadsafe(self.told(), self.loop).result(ACK_TIMEOUT_S + 1)
         time.sleep(GRACE_S)
 
     async def watch(self) -> None:

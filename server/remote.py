@@ -165,6 +165,12 @@ class RemoteBatcher:
             self._status.notify_all()
         if "versions" in head and self.on_repo is not None:
             self.on_repo(head)
+        if "seq" in head:  # applied: the engine may now answer the load / retire the old version
+            try:
+                with self._send:
+                    self._sock.sendall(pack({"op": "ack", "seq": head["seq"]}))  # type: ignore[union-attr]
+            except OSError:
+                pass
 
     def request(self, head: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send a control frame and wait (blocking) for the engine's ``op: reply`` to it."""

@@ -7,8 +7,9 @@ each); each frame names the model and version, and the engine runs it on that ve
 
 Model control (``--model-control poll|explicit``) runs in the engine process: a load or unload arriving at
 any front end is forwarded to it (``op: control``); the engine loads, warms, swaps or unloads as in one
-process and sends every front end the versions to route to (status frames with ``versions``), before it
-retires a version and after every change. A version with a new crop size gets its own slot pool and link.
+process and sends every front end the versions to route to (status frames with ``versions`` and ``seq``),
+before it retires a version and after every change, and waits for each link's ``op: ack`` of it. A version
+with a new crop size gets its own slot pool and link.
 """
 
 from __future__ import annotations
