@@ -145,3 +145,23 @@ def test_poll_runs_in_the_engine_and_every_front_end_follows(tmp_path: Path) -> 
             assert e.value.status() == "400" and "--model-control explicit" in str(e.value)
         finally:
             client.close()
+
+
+def test_a_corrupt_version_loaded_through_a_front_end_leaves_the_old_one(
+        server: ServerProcess, repo: Path, client: triton.InferenceServerClient) -> None:
+    import shutil
+
+    shutil.copytree(repo / "main" / "1", repo / "main" / "2")
+    onnx = repo / "main" / "2" / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:200])  # truncated: sha256 mismatch
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("main")
+        assert e.value.status() == "400" and "version 2" in str(e.value) and "sha256" in str(e.value)
+        rows = {r["version"]: r for r in client.get_model_repository_index() if r["name"] == "main"}
+        assert rows["2"]["state"] == "UNAVAILABLE" and "sha256" in rows["2"]["reason"]
+        assert rows["1"]["state"] == "READY"
+        answers = [_classify(server.url) for _ in range(6)]
+        assert {(r.status_code, r.json()["version"], _top(r.json())) for r in answers} == {(200, "1", 1)}
+    finally:
+        shutil.rmtree(repo / "main" / "2")
