@@ -139,8 +139,8 @@ def serve(settings: Settings) -> None:
 
 
 def _check_repository_fits(settings: Settings, frontends: int) -> None:
-    """A model repository with model control runs in one process: refuse --frontends with it, and --workers
-    with several models or model control."""
+    """A model repository with several models or model control: refuse --workers (each worker would hold
+    its own copy; --frontends shares one engine process and forwards model control to it)."""
     from pathlib import Path
 
     from .repo_layout import is_plain_artifact, scan
@@ -154,13 +154,28 @@ def _check_repository_fits(settings: Settings, frontends: int) -> None:
                          f"(models: {names}); fix --default-model")
     if is_plain_artifact(root):
         return
-    if frontends and settings.model_control != "none":
-        raise SystemExit("irpe serve: error: --frontends serves a fixed set of models; --model-control "
-                         f"{settings.model_control} runs in one process: drop --frontends")
+    _check_load_model(settings, names)
     several = len(names) > 1 or settings.model_control != "none"
     if several and settings.workers > 1:
         raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "
                          "would reach only one; with several models or --model-control use --workers 1")
+
+
+def _check_load_model(settings: Settings, names: list[str]) -> None:
+    """``--load-model``: explicit model control only, names the repository holds, the default among them."""
+    if not settings.load_model:
+        return
+    if settings.model_control != "explicit":
+        raise SystemExit("irpe serve: error: --load-model picks the models loaded at startup with --model-control "
+                         f"explicit (got {settings.model_control}); add --model-control explicit")
+    startup = settings.startup_models() or []
+    missing = [n for n in startup if n not in names]
+    if missing:
+        raise SystemExit(f"irpe serve: error: --load-model {missing[0]!r} is not in {settings.artifact_dir} "
+                         f"(models: {names}); fix --load-model")
+    if startup and settings.default_model and settings.default_model not in startup:
+        raise SystemExit(f"irpe serve: error: --default-model {settings.default_model!r} is not loaded at startup "
+                         f"(--load-model {','.join(startup)}); add --load-model {settings.default_model}")
 
 
 def announce(sock_name: tuple) -> None:

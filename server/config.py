@@ -52,6 +52,12 @@ class Settings:
     model_control: str = "none"  # model repository (issue 19): none | poll | explicit
     poll_interval_s: float = 5.0
     default_model: str = ""  # the model /classify serves without ?model= (default: the only/first one)
+    load_model: str = ""  # --model-control explicit: models loaded at startup, comma-separated ('*' or none: all)
+
+    def startup_models(self) -> list[str] | None:
+        """The models ``--load-model`` names for an explicit repository (None: load every model)."""
+        names = [n.strip() for n in self.load_model.split(",") if n.strip()]
+        return names if self.model_control == "explicit" and names and "*" not in names else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -15,6 +15,8 @@ import contextlib
 import logging
 import signal
 import time
+import weakref
+from collections.abc import Collection
 from dataclasses import asdict
 from typing import Any
 
@@ -33,10 +35,27 @@ from .state import ServerState
 log = logging.getLogger("irpe.server")
 
 
-def status(state: ServerState) -> dict[str, Any]:
-    """What a front end needs to know about the engine: readiness, failure, engine facts."""
+GRACE_S = 0.2  # a version leaving the front ends' routing tables: time for requests already sent to arrive
+ACK_TIMEOUT_S = 5.0  # the longest a repository change waits for every front end to apply it
+
+
+def status(state: ServerState, leaving: Collection[object] = ()) -> dict[str, Any]:
+    """What a front end needs to know about the engine: readiness, failure, engine facts; with a model
+    repository, the versions to route to (``leaving``: versions about to be retired, left out) and the
+    repository index."""
     info = asdict(state.engine.info) if state.engine is not None else None
-    return {"op": "status", "ready": state.ready, "failure": state.failure, "info": info}
+    head = {"op": "status", "ready": state.ready, "failure": state.failure, "info": info}
+    if state.repo is not None and state.started:
+        head["versions"] = served(state, leaving)
+        head["index"] = state.repo.index()
+    return head
+
+
+def served(state: ServerState, leaving: Collection[object] = ()) -> list[list[Any]]:
+    """[name, version, path, signature] of every READY version not in ``leaving``."""
+    assert state.repo is not None
+    return [[mv.name, mv.version, str(mv.path), [list(f) for f in mv.signature]]
+            for mv in state.repo.versions() if mv not in leaving]
 
 
 async def answer(state: ServerState, array: np.ndarray, head: dict[str, Any]) -> bytes:
@@ -84,6 +103,12 @@ class EngineServer:
         self.state, self.path = state, path
         self.writers: set[asyncio.StreamWriter] = set()
         self.tasks: set[asyncio.Task] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._sent: list | None = None  # the versions last broadcast
+        self._leaving: weakref.WeakSet = weakref.WeakSet()  # versions being retired: no longer announced
+        self._seq = 0  # status frames broadcast
+        self._acked: dict[asyncio.StreamWriter, int] = {}  # the last status each front-end link applied
+        self._ack = asyncio.Event()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One front end: hello (its slots), then requests until it hangs up."""
@@ -98,16 +123,24 @@ class EngineServer:
         try:
             while (frame := await read_frame(reader)) is not None:
                 if frame[0].get("op") == "stats":  # /v2 statistics: this batcher counts every front end's work
-                    batcher = self.state.batcher
-                    writer.write(pack({"op": "stats", "stats": batcher.stats.to_triton("") if batcher else None}))
+                    rid = frame[0].get("rid")
+                    head = {"op": "reply", "rid": rid} if rid is not None else {"op": "stats"}
+                    writer.write(pack({**head, "stats": self._stats(frame[0])}))
                     continue
-                task = asyncio.ensure_future(self._reply(array, frame[0], writer))
+                if frame[0].get("op") == "ack":  # a front end has applied status ``seq``
+                    self._acked[writer] = int(frame[0]["seq"])
+                    self._ack.set()
+                    continue
+                work = self._control(frame[0], writer) if frame[0].get("op") == "control" else \
+                    self._reply(array, frame[0], writer)
+                task = asyncio.ensure_future(work)
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
         except asyncio.CancelledError:  # the loop is closing after the drain
             pass
         finally:
             self.writers.discard(writer)
+            self._acked.pop(writer, None)
             writer.close()
             del array
             with contextlib.suppress(BufferError):  # views still queued keep the mapping until collected
@@ -118,12 +151,69 @@ class EngineServer:
         if not writer.is_closing():
             writer.write(frame)
 
-    def broadcast(self) -> None:
-        """Send the current status to every connected front end."""
-        frame = pack(status(self.state))
+    def _stats(self, head: dict[str, Any]) -> dict[str, Any] | None:
+        """The statistics of the engine's batcher, or of the repository version the frame names."""
+        batcher = self.state.batcher
+        if "model" in head and self.state.repo is not None:
+            try:
+                batcher = self.state.repo.lookup(head["model"], head.get("version")).batcher
+            except APIError:
+                batcher = None
+        return batcher.stats.to_triton("") if batcher else None
+
+    async def _control(self, head: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        """A front end's repository load/unload (``op: control``): run it here, tell every front end the
+        new set of versions, then answer the one that asked."""
+        reply: dict[str, Any] = {"op": "reply", "rid": head["rid"]}
+        try:
+            await asyncio.to_thread(self.state.control, head["name"], bool(head["load"]))
+        except APIError as e:
+            reply.update(status=e.status, code=e.code, msg=e.message, headers=e.headers)
+        except Exception as e:  # a failure outside the repository's own handling: 500, the engine keeps serving
+            log.exception("repository control of %s failed", head.get("name"))
+            reply.update(status=500, code="internal", msg=f"{type(e).__name__}: {e}"[:500])
+        await self.told()
+        if not writer.is_closing():
+            writer.write(pack(reply))
+
+    def broadcast(self) -> int:
+        """Send the current status to every connected front end (event loop); its sequence number."""
+        self._seq += 1
+        head = {**status(self.state, self._leaving), "seq": self._seq}
+        self._sent = head.get("versions")
+        frame = pack(head)
         for w in list(self.writers):
             if not w.is_closing():
                 w.write(frame)
+        return self._seq
+
+    async def told(self) -> None:
+        """Broadcast the status and wait until every front-end link has applied it (or ACK_TIMEOUT_S)."""
+        seq = self.broadcast()
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        while any(self._acked.get(w, 0) < seq for w in self.writers if not w.is_closing()):
+            self._ack.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("a front end did not confirm the repository change within %.0fs", ACK_TIMEOUT_S)
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ack.wait(), left)
+
+    def before_retire(self, mv: object) -> None:
+        """Repository hook (control or poll thread): every front end stops routing to ``mv`` before the
+        engine stops taking requests for it; requests already sent still arrive and finish on it."""
+        assert self.loop is not None
+        self._leaving.add(mv)
+        asyncio.run_coroutine_threadsafe(self.told(), self.loop).result(ACK_TIMEOUT_S + 1)
+        time.sleep(GRACE_S)
+
+    async def watch(self) -> None:
+        """``--model-control poll``: tell the front ends when a poll changed the served versions."""
+        while True:
+            await asyncio.sleep(0.2)
+            if self.state.repo is not None and self.state.started and served(self.state, self._leaving) != self._sent:
+                self.broadcast()
 
     async def run(self) -> None:
         """Serve until SIGTERM/SIGINT, warming up meanwhile; then drain."""
@@ -131,12 +221,19 @@ class EngineServer:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        self.loop = loop
         server = await asyncio.start_unix_server(self.handle, self.path)
         await asyncio.to_thread(self.state.warm)
         self.broadcast()
+        if self.state.repo is not None:
+            self.state.repo.on_retire = self.before_retire
+            watcher = asyncio.ensure_future(self.watch())
         await stop.wait()
         log.info("engine: stopping; draining %d queued image(s)", self.state.batcher.depth if self.state.batcher else 0)
         server.close()
+        if self.state.repo is not None:
+            watcher.cancel()
+            self.state.repo.on_retire = None
         await asyncio.to_thread(self.state.shutdown)  # queued images still run and are answered
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=5)

@@ -62,6 +62,9 @@ class RemoteBatcher:
         self._send = threading.Lock()
         self._status = threading.Condition()
         self._reader: threading.Thread | None = None
+        self.on_repo: Any = None  # model repository: called (reader thread) with each status naming versions
+        self.last_repo: dict[str, Any] | None = None
+        self._replies: dict[int, dict[str, Any] | None] = {}
 
     @property
     def depth(self) -> int:
@@ -144,6 +147,10 @@ class RemoteBatcher:
                     self._on_status(head)
                 elif head.get("op") == "stats":
                     self.stats.answered(head)
+                elif head.get("op") == "reply":
+                    with self._status:
+                        self._replies[head["rid"]] = head
+                        self._status.notify_all()
                 elif (entry := self._finish(head["id"])) is not None:
                     entry[0].call_soon_threadsafe(settle, entry[1], (head, data), None)
         except OSError:
@@ -153,7 +160,37 @@ class RemoteBatcher:
     def _on_status(self, head: dict[str, Any]) -> None:
         with self._status:
             self.ready, self.failure, self.info = bool(head["ready"]), head.get("failure") or "", head.get("info")
+            if "versions" in head:
+                self.last_repo = head
             self._status.notify_all()
+        if "versions" in head and self.on_repo is not None:
+            self.on_repo(head)
+        if "seq" in head:  # applied: the engine may now answer the load / retire the old version
+            try:
+                with self._send:
+                    self._sock.sendall(pack({"op": "ack", "seq": head["seq"]}))  # type: ignore[union-attr]
+            except OSError:
+                pass
+
+    def request(self, head: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send a control frame and wait (blocking) for the engine's ``op: reply`` to it."""
+        if self.gone or self._sock is None:
+            raise EngineGoneError("the engine process is not running")
+        rid = next(self._ids)
+        with self._status:
+            self._replies[rid] = None
+        try:
+            with self._send:
+                self._sock.sendall(pack({**head, "rid": rid}))
+            with self._status:
+                self._status.wait_for(lambda: self._replies[rid] is not None or self.gone, timeout)
+                reply = self._replies[rid]
+        finally:
+            with self._status:
+                self._replies.pop(rid, None)
+        if reply is None:
+            raise EngineGoneError("the engine process did not answer the repository request")
+        return reply
 
     def _on_gone(self) -> None:
         with self._status:
@@ -325,7 +362,16 @@ class FrontendState(ServerState):
             for mv in vs.values():
                 mv.engine = self.engine
         self.started = True
+        self.repo.live(self.engine, self.sync_default)  # type: ignore[attr-defined]
         self.sync_default()
+
+    def control(self, name: str, load: bool) -> None:
+        """Repository load/unload: forwarded to the engine process (:meth:`RemoteRepository.control`)."""
+        assert self.repo is not None
+        try:
+            self.repo.control(name, load)  # type: ignore[attr-defined]
+        finally:
+            self.sync_default()
 
     def check_workers(self) -> None:
         """Unready once the engine process is gone."""

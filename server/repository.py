@@ -113,6 +113,7 @@ class Repository:
         self._control = threading.RLock()  # one load / unload / poll at a time
         self.labeled = ModelMetrics(self.metrics)
         self._quiet = False
+        self.on_retire: Callable[[ModelVersion], None] | None = None  # --frontends: the engine tells the front ends
 
     # ---- routing (event loop) ----
     def names(self) -> list[str]:
@@ -123,6 +124,8 @@ class Repository:
         """``--default-model``, else the only (or first) model of the repository."""
         if self.settings.default_model:
             return self.settings.default_model
+        if startup := self.settings.startup_models():
+            return startup[0]
         known = sorted(self.dirs) or sorted(self.records)
         return known[0] if known else ""
 
@@ -194,12 +197,13 @@ class Repository:
 
     # ---- control (worker threads) ----
     def open(self, warm: bool = False) -> None:
-        """Scan and load every model (``--model-control none|poll|explicit`` all start with all models)."""
+        """Scan and load every model (explicit with ``--load-model``: those models only)."""
+        startup = self.settings.startup_models()
         with self._control:
             self.dirs = scan(self.root)
             self._quiet = True  # the default model's failure stops startup with its own one-line message
             try:
-                for name in self.dirs:
+                for name in self.dirs if startup is None else [n for n in self.dirs if n in startup]:
                     failed = self._sync(name, warm)
                     if failed and name != self.default_name():
                         log.error("model %s version %d not loaded: %s", name, failed.version, failed.reason)
@@ -341,6 +345,8 @@ class Repository:
 
     def _retire(self, mv: ModelVersion) -> None:
         """Unroutable at once; requests holding it finish on it; then its batcher drains and the engine goes."""
+        if self.on_retire is not None and mv.ready:
+            self.on_retire(mv)
         with self._route:
             was_ready = mv.ready
             mv.state, mv.reason = "UNAVAILABLE", "unloaded"

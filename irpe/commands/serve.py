@@ -63,6 +63,9 @@ def _add_repository(p: argparse.ArgumentParser) -> None:
                    "/v2/repository/models/NAME/load|unload")
     p.add_argument("--poll-interval-s", type=float, help="repository rescan interval with --model-control poll "
                    "(default 5)")
+    p.add_argument("--load-model", action="append", metavar="NAME",
+                   help="with --model-control explicit: load only this model at startup (repeatable; '*': all, "
+                   "as Triton; default: every model, unlike Triton, which loads none)")
     p.add_argument("--default-model", help="the model /classify serves without ?model= (default: the only, or "
                    "first by name, model of the repository)")
 
@@ -98,7 +101,8 @@ def run_serve(args: argparse.Namespace) -> int:
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
             "jpeg_draft", "precision", *LIMIT_KEYS, "frontends", "model_control", "poll_interval_s", "default_model"]
-    settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys})
+    settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys},
+                                 load_model=",".join(args.load_model) if args.load_model else None)
     settings.check_exposure()  # before anything else: an exposed server without a key never starts
     settings.artifact_dir = str(resolve_artifact_dir(settings.artifact_dir))  # 'digits': the shipped model
     if is_plain_artifact(Path(settings.artifact_dir)) or not Path(settings.artifact_dir).is_dir():

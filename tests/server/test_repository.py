@@ -291,8 +291,12 @@ def test_poll_picks_up_new_versions_and_models_on_openvino(tmp_path: Path) -> No
             client.close()
 
 
-@pytest.mark.parametrize("flags, needle", [(("--frontends", "2", "--model-control", "poll"), "drop --frontends"),
-                                           (("--workers", "2"), "use --workers 1"),
+@pytest.mark.parametrize("flags, needle", [(("--workers", "2"), "use --workers 1"),
+                                           (("--load-model", "keep"), "add --model-control explicit"),
+                                           (("--model-control", "explicit", "--load-model", "nope"),
+                                            "fix --load-model"),
+                                           (("--model-control", "explicit", "--load-model", "keep",
+                                             "--default-model", "swap"), "add --load-model swap"),
                                            (("--default-model", "nope"), "fix --default-model")])
 def test_what_a_repository_cannot_do_yet_is_one_line(repo: Path, flags: tuple[str, ...], needle: str) -> None:
     import subprocess
@@ -375,3 +379,23 @@ def test_a_version_rewritten_in_place_is_reloaded_without_a_failed_request(
     assert {s for _, _, s, _, _ in log} == {200}, log
     tops = [top for *_, top in log]
     assert tops[0] == 4 and tops[-1] == 8 and set(tops) == {4, 8}
+
+
+def test_load_model_picks_what_explicit_loads_at_startup(repo: Path) -> None:
+    """Triton's --load-model: only the named models at startup (the first is the default model); '*': all."""
+    with serving(repo, "--model-control", "explicit", "--load-model", "keep", "--load-model", "gone") as server:
+        client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+        try:
+            rows = {r["name"]: r for r in client.get_model_repository_index()}
+            assert rows["keep"]["state"] == rows["gone"]["state"] == "READY"
+            assert (rows["swap"]["state"], rows["swap"]["reason"]) == ("UNAVAILABLE", "unloaded")
+            assert not client.is_model_ready("swap") and client.is_model_ready("gone")
+            r = _classify(server.url)
+            assert r.status_code == 200 and r.json()["model"] == "keep"
+            assert _classify(server.url, "?model=swap").status_code == 404
+            client.load_model("swap")
+            assert _classify(server.url, "?model=swap").status_code == 200
+        finally:
+            client.close()
+    with serving(repo, "--model-control", "explicit", "--load-model", "*", "--default-model", "swap") as server:
+        assert {m["name"] for m in httpx.get(server.url + "/v1/models").json()["models"]} >= {"swap", "keep", "multi"}
