@@ -41,9 +41,12 @@ def queue_depth(url: str) -> float:
 
 
 def test_server_process_never_imports_torch_and_drains_on_sigterm(tmp_path: Path) -> None:
-    """One request keeps the (slow) engine busy, a second waits in the queue; SIGTERM answers both."""
+    """One request keeps the (slow) engine busy, a second waits in the queue; SIGTERM answers both.
+
+    ``--max-batch 1``: the two requests can never share a batch (both sent at once, they could arrive
+    before the idle engine takes the first), so exactly one waits while the other runs."""
     slow = make_slow_artifact(tmp_path / "slow", matmuls=300)  # each engine call >= 3 s
-    proc = _serve(slow, "--max-batch", "8", "--max-wait-ms", "3000", "--inference-threads", "1")
+    proc = _serve(slow, "--max-batch", "1", "--max-wait-ms", "3000", "--inference-threads", "1")
     lines: list[str] = []
     results: list[httpx.Response] = []
     reader: threading.Thread | None = None
