@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,3 +22,13 @@ def server_url(tiny_artifact: Path) -> Iterator[str]:
     """A server with default settings (small limits so the error tests stay cheap)."""
     with running_server(tiny_artifact, max_body_mb=1, max_pixels=4_000_000, max_wait_ms=2) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Iterator[Any]:
+    """A tritonclient HTTP client of the module's ``server`` fixture (a ServerProcess)."""
+    import tritonclient.http as triton
+
+    c = triton.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120.0)
+    yield c
+    c.close()

@@ -39,12 +39,6 @@ def server(repo: Path) -> Iterator[ServerProcess]:
         yield proc
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
-    c = triton.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120.0)
-    yield c
-    c.close()
-
 
 def _routing_pids(url: str, model: str, version: str) -> set[str]:
     """The processes (engine and front ends) whose ``irpe_model_ready`` gauge says they route to it."""

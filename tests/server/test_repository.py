@@ -72,12 +72,6 @@ def server(repo: Path) -> Iterator[ServerProcess]:
         yield proc
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
-    c = triton.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120.0)
-    yield c
-    c.close()
-
 
 def _classify(url: str, query: str = "") -> httpx.Response:
     return httpx.post(f"{url}/classify{query}", content=encode(image()), headers=PNG, timeout=30)
