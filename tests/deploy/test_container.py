@@ -265,15 +265,18 @@ def _corrupt(artifact: Path, tmp: Path) -> Path:
 def test_bad_models_is_a_one_line_error(case: str, engine: list[str], cpu_image: str, artifact: Path,
                                         tmp_path: Path) -> None:
     models = None if case == "missing" else _corrupt(artifact, tmp_path)
-    c = Container.serve(engine, cpu_image, models, ready=False)
-    try:
-        code = c.wait_exit(120)
-        lines = [line for line in c.logs().splitlines() if line.strip()]
-    finally:
-        c.remove()
+    code, lines = _exit_and_lines(Container.serve(engine, cpu_image, models, ready=False))
     assert code != 0
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
     assert lines[0].startswith("irpe serve: error:") and "/models" in lines[0], lines
+
+
+def _exit_and_lines(c: Container) -> tuple[int, list[str]]:
+    """Wait for a container that should not start to exit; its exit code and non-blank log lines."""
+    try:
+        return c.wait_exit(120), [line for line in c.logs().splitlines() if line.strip()]
+    finally:
+        c.remove()
 
 
 def _readme_journey() -> list[str]:
@@ -321,12 +324,7 @@ def test_gpu_image_without_a_cuda_base(engine: list[str], artifact: Path) -> Non
     assert "'CUDAExecutionProvider'" in providers and "'TensorrtExecutionProvider'" in providers, out.stdout
     assert missing == "['libcuda.so.1']", out.stdout
     _record(gpu_providers=providers)
-    c = Container.serve(engine, tag, artifact, ready=False)
-    try:
-        code = c.wait_exit(120)
-        lines = [line for line in c.logs().splitlines() if line.strip()]
-    finally:
-        c.remove()
+    code, lines = _exit_and_lines(Container.serve(engine, tag, artifact, ready=False))
     assert code != 0 and len(lines) == 1, lines
     assert "--device cuda: no NVIDIA driver" in lines[0] and "--gpus all" in lines[0], lines
 
