@@ -155,15 +155,28 @@ def vertical_first(width: int, height: int, new_width: int, new_height: int) -> 
     return new_height < height and height - new_height > 2 * (width - new_width)
 
 
+_SHIFTED: dict[tuple, tuple[np.ndarray, np.ndarray, int, int]] = {}  # per image size: the common sizes hit
+_SHIFTED_MAX = 64
+
+
 def _window(size: int, new_size: int, offset: int, crop: int, interpolation: str
             ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Coefficients of the ``crop`` outputs from ``offset``, their bounds shifted to the source span
     ``[first, last)`` they read, and that span."""
+    key = (size, new_size, interpolation, offset, crop)
+    if (hit := _SHIFTED.get(key)) is not None:
+        return hit
     bounds, weights = cached_window(size, new_size, interpolation, offset, crop)
     first, last = int(bounds[0, 0]), int(bounds[-1, 0] + bounds[-1, 1])
     shifted = bounds.copy()
     shifted[:, 0] -= first
-    return shifted, weights, first, last
+    shifted.setflags(write=False)
+    out = (shifted, weights, first, last)
+    if weights.nbytes <= 1 << 16:  # the usual photo sizes; at most 64 x 64 KB kept
+        if len(_SHIFTED) >= _SHIFTED_MAX:  # distinct image sizes from clients: start over rather than grow
+            _SHIFTED.clear()
+        _SHIFTED[key] = out
+    return out
 
 
 def resize_crop(img: Image.Image | np.ndarray, size: int, crop: int, interpolation: str) -> np.ndarray | None:
@@ -197,8 +210,9 @@ def resize_crop(img: Image.Image | np.ndarray, size: int, crop: int, interpolati
                   for a, b in _spans(c0, c1, r1 - r0)]
         return _horizontal(np.concatenate(strips, axis=1), cols)
     if cols:  # likewise on strips of rows
-        band = np.concatenate([_transpose(_convolve(_transposed(img, (c0, a, c1, b)), cols[0], cols[1]))
-                               for a, b in _spans(r0, r1, c1 - c0)], axis=0)
+        strips = [_transpose(_convolve(_transposed(img, (c0, a, c1, b)), cols[0], cols[1]))
+                  for a, b in _spans(r0, r1, c1 - c0)]
+        band = strips[0] if len(strips) == 1 else np.concatenate(strips, axis=0)  # one strip: no copy
     else:
         band = _region(img, (c0, r0, c1, r1))
     return _convolve(band, rows[0], rows[1]) if rows else band

@@ -25,6 +25,7 @@ from . import kserve, routes
 from .config import Settings
 from .engine import EngineError
 from .errors import drop_default_validation_error, install_error_handlers
+from .fastpath import ClassifyFastPath
 from .memory import tune_gc
 from .middleware import ObserveMiddleware
 from .protocol import protocol_factory
@@ -61,10 +62,12 @@ def create_app(settings: Settings | None = None, state: ServerState | None = Non
                   "/classify; KServe v2 / Triton clients use /v2.")
     app.state.irpe = state or ServerState(settings)
     install_error_handlers(app)
-    app.add_middleware(ObserveMiddleware, state=app.state.irpe)
-    app.add_middleware(TraceMiddleware, tracer=otlp_tracer())  # outermost: request id + trace on every answer
     app.include_router(routes.router)
     app.include_router(kserve.router)
+    classify = next(r for r in routes.router.routes if getattr(r, "path", "") == "/classify")
+    app.add_middleware(ClassifyFastPath, state=app.state.irpe, route=classify)  # innermost of ours
+    app.add_middleware(ObserveMiddleware, state=app.state.irpe)
+    app.add_middleware(TraceMiddleware, tracer=otlp_tracer())  # outermost: request id + trace on every answer
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
     _declare_real_errors(app)
     return app

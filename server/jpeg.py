@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import io
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -35,11 +36,78 @@ log = logging.getLogger("irpe.server")
 _ORIENTATION = 0x0112
 
 
+@dataclass(frozen=True)
+class Frame:
+    """What a JPEG's marker segments up to its frame header say: the frame type (SOFn marker), size,
+    component count, and whether anything before it makes Pillow's reading differ from a plain YCbCr
+    decode (EXIF, which may rotate; Adobe's colour transform; an MPO index; other APPn segments)."""
+
+    marker: int
+    width: int
+    height: int
+    components: int
+    precision: int
+    plain: bool
+
+    @property
+    def sequential(self) -> bool:
+        """Baseline or extended sequential Huffman (one pass over the pixels, unlike progressive)."""
+        return self.marker in (0xC0, 0xC1)
+
+
+_PLAIN_APP = ((0xE0, b"JFIF\x00"), (0xE0, b"JFXX\x00"), (0xE2, b"ICC_PROFILE\x00"))
+_TABLES = frozenset({0xC4, 0xCC, 0xDB, 0xDD, 0xFE})  # DHT, DAC, DQT, DRI, COM
+
+
+def read_frame(data: bytes) -> Frame | None:
+    """The frame header of a JPEG, read from the marker segments before it (no decoding, a few microseconds);
+    ``None`` when ``data`` is not a JPEG or its header cannot be read this way."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos, end, plain = 2, min(len(data), 1 << 20), True
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn
+            if length < 8 or pos + 10 > end:
+                return None
+            precision, height, width = data[pos + 4], int.from_bytes(data[pos + 5:pos + 7], "big"), \
+                int.from_bytes(data[pos + 7:pos + 9], "big")
+            return Frame(marker, width, height, data[pos + 9], precision, plain)
+        if marker in (0xD9, 0xDA) or length < 2:  # no frame header before the end or the first scan
+            return None
+        if marker not in _TABLES and not any(marker == m and data.startswith(tag, pos + 4) for m, tag in _PLAIN_APP):
+            plain = False
+        pos += 2 + length
+    return None
+
+
+def plain_size(data: bytes, pp: Preprocess, max_pixels: int) -> tuple[int, int] | None:
+    """(width, height) when :func:`prepare_jpeg` computes ``data`` exactly without opening it in Pillow: a
+    plain 8-bit 3-component JPEG within the pixel limits, and a preprocess block the fast path covers."""
+    f = read_frame(data)
+    if f is None or not (f.plain and f.components == 3 and f.precision == 8 and f.marker in (0xC0, 0xC1, 0xC2)):
+        return None
+    pixels = f.width * f.height
+    if not 0 < pixels <= min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels) or not plain_preprocess(pp):
+        return None
+    return (f.width, f.height) if available() else None
+
+
+def plain_preprocess(pp: Preprocess) -> bool:
+    """A preprocess block the fast path computes: resize, center crop, normalise (no ink fit, no gray)."""
+    return (pp.fit == "none" and not pp.grayscale and pp.invert in ("never", "always")
+            and len(pp.mean) == len(pp.std) == 3)
+
+
 def applies(img: Image.Image, pp: Preprocess) -> bool:
     """True when ``img`` (opened, not decoded) and ``pp`` are a case the fast path computes exactly."""
-    return (img.format == "JPEG" and img.mode == "RGB" and pp.fit == "none" and not pp.grayscale
-            and pp.invert in ("never", "always") and len(pp.mean) == len(pp.std) == 3
-            and _upright(img) and available())
+    return img.format == "JPEG" and img.mode == "RGB" and plain_preprocess(pp) and _upright(img) and available()
 
 
 def _upright(img: Image.Image) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 from irpe.artifact import ArtifactError, load_artifact
 
 from .batching import BatcherStoppedError, QueueFullError, Result, settle
-from .decode import InlineExecutor, PixelBudget
+from .decode import PixelBudget
 from .engine import EngineInfo
 from .errors import APIError
 from .memory import fix_mmap_threshold
@@ -308,8 +308,10 @@ class FrontendState(ServerState):
             return
         s = self.settings
         fix_mmap_threshold()
-        self.pool = ThreadPoolExecutor(s.decode_threads, thread_name_prefix="irpe-decode") if s.decode_threads \
-            else InlineExecutor()  # auto: decode on the event loop; the front-end processes are the parallelism
+        # auto: small baseline JPEGs decode on the event loop (the front-end processes are the parallelism),
+        # anything bigger or slower in one thread, so it does not stall the other requests of this process
+        self.pool = ThreadPoolExecutor(s.decode_threads or 1, thread_name_prefix="irpe-decode")
+        self.inline_decode = s.decode_threads == 0
         self.budget = PixelBudget(s.resolved_max_decode_pixels())
         slots = min(s.max_queue, max(SLOTS, 2 * s.resolved_max_batch()))
         if not is_plain_artifact(Path(s.artifact_dir)):

@@ -19,7 +19,7 @@ from irpe.artifact import ArtifactError, ModelArtifact
 
 from .batching import Batcher, BatcherStoppedError, QueueFullError, Result
 from .config import Settings
-from .decode import PixelBudget, prepare
+from .decode import PixelBudget, prepare, small_baseline_jpeg
 from .engine import Engine
 from .errors import APIError
 from .memory import fix_mmap_threshold
@@ -46,6 +46,7 @@ class ServerState:
     allowed_hosts: frozenset[str] = frozenset()
     repo: Repository | None = None  # the models (None in a --frontends front end: one remote model)
     started: bool = False  # the startup warm-up is over (routes answer 503 before)
+    inline_decode: bool = False  # small baseline JPEGs decode on the event loop (auto --decode-threads)
     waiting: str = ""  # why not ready without a failure (the default model is unloaded)
     _poller: threading.Thread | None = None
     _stop_poll: threading.Event = field(default_factory=threading.Event)
@@ -69,6 +70,7 @@ class ServerState:
         mv = max((m for m in tried.values() if m.engine is not None), key=lambda m: m.version)
         self.art, self.engine, self.batcher = mv.art, mv.engine, mv.batcher
         self.pool = ThreadPoolExecutor(s.resolved_decode_threads(), thread_name_prefix="irpe-decode")
+        self.inline_decode = s.decode_threads == 0
         self.budget = PixelBudget(s.resolved_max_decode_pixels())
 
     def warm(self) -> None:
@@ -212,13 +214,20 @@ class ServerState:
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
         s = self.settings
-        if len(blobs) == 1:  # the common case: no semaphore, no task, one executor hop
-            x, seconds = await loop.run_in_executor(self.pool, _timed_prepare, blobs[0], art, s, self.budget, deadline)
+        if len(blobs) == 1:  # the common case: no semaphore, no task, at most one executor hop
+            if self.inline_decode and small_baseline_jpeg(blobs[0]):  # no budget: one bounded decode at a time
+                x, seconds = _timed_prepare(blobs[0], art, s, None, deadline)
+            else:
+                x, seconds = await loop.run_in_executor(self.pool, _timed_prepare, blobs[0], art, s, self.budget,
+                                                        deadline)
             self.metrics.decode.observe(seconds)
             return [x], time.perf_counter() - start
         share = asyncio.Semaphore(max(1, getattr(self.pool, "_max_workers", 2) // 2))  # not usable_cpus(): file reads
 
         async def one(blob: bytes) -> tuple[np.ndarray, float]:
+            if self.inline_decode and small_baseline_jpeg(blob):
+                await asyncio.sleep(0)  # other requests get the loop between two images
+                return _timed_prepare(blob, art, s, None, deadline)
             async with share:
                 return await loop.run_in_executor(self.pool, _timed_prepare, blob, art, s, self.budget, deadline)
 

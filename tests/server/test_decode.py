@@ -110,14 +110,30 @@ def test_pixel_limit_checked_from_header_before_decoding() -> None:
     assert open_image(_png_header_only(100, 100), 40_000_000).size == (100, 100)
 
 
-def test_inline_executor_runs_jobs_at_once_and_delivers_errors() -> None:
-    """Front ends decode on their event loop: the job has run when submit returns; errors reach the caller."""
-    import threading
+def test_small_baseline_jpeg_reads_the_frame_header_only() -> None:
+    """Inline decoding is for sequential JPEGs of at most INLINE_PIXELS: progressive, large, other formats,
+    truncated and garbage bytes go to a decode thread."""
+    import io
 
-    from irpe.artifact import Preprocess
-    from irpe.server.decode import InlineExecutor, prepare
+    from PIL import Image
 
-    ex = InlineExecutor()
-    assert ex.submit(threading.get_ident).result(0) == threading.get_ident()
-    with pytest.raises(APIError):
-        ex.submit(prepare, b"not an image", Preprocess(), 1000).result(0)
+    from irpe.server.decode import INLINE_PIXELS, small_baseline_jpeg
+
+    def jpeg(w: int, h: int, **options: object) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (w, h), (90, 120, 30)).save(buf, "JPEG", **options)
+        return buf.getvalue()
+
+    assert small_baseline_jpeg(jpeg(512, 512))
+    assert small_baseline_jpeg(jpeg(1024, 1024))  # exactly INLINE_PIXELS
+    assert INLINE_PIXELS == 1024 * 1024
+    assert not small_baseline_jpeg(jpeg(1025, 1024))
+    assert not small_baseline_jpeg(jpeg(512, 512, progressive=True))
+    exif = Image.Exif()
+    exif[0x010E] = "x" * 3000  # a long APP1 segment before the frame header
+    assert small_baseline_jpeg(jpeg(64, 48, exif=exif.tobytes()))
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, "PNG")
+    data = jpeg(512, 512)
+    for bad in (png.getvalue(), b"", b"\xff\xd8", data[:20], b"\xff\xd8" + b"\x00" * 64):
+        assert not small_baseline_jpeg(bad)

@@ -125,3 +125,53 @@ def test_thin_jpeg_is_refused_before_decoding() -> None:
     with pytest.raises(APIError) as e:
         decode.prepare(data, Preprocess(), MAX_PIXELS)
     assert e.value.status == 413 and "crop it first" in e.value.message
+
+
+@pytest.mark.parametrize("options", ENCODINGS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_read_frame_agrees_with_pillow(options: dict) -> None:
+    """The frame header read from the marker segments: Pillow's size; sequential unless progressive."""
+    data = encode(photo((333, 257), seed=4), **options)
+    f = jpeg.read_frame(data)
+    assert f is not None and (f.width, f.height) == Image.open(io.BytesIO(data)).size
+    assert (f.components, f.precision, f.plain) == (3, 8, True)
+    assert f.sequential != bool(options.get("progressive"))
+
+
+def test_only_plain_jpegs_skip_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain JPEG is prepared without opening it in Pillow; EXIF, grayscale, CMYK, over-limit sizes,
+    other formats and unreadable headers are not (Pillow's path then decides, as before)."""
+    pp = Preprocess()
+    plain = encode(photo((300, 260), 6), quality=90)
+    assert jpeg.plain_size(plain, pp, MAX_PIXELS) == (300, 260)
+    icc = encode(photo((300, 260), 6), quality=90, icc_profile=b"\0" * 300)
+    assert jpeg.plain_size(icc, pp, MAX_PIXELS) == (300, 260)
+    png = io.BytesIO()
+    photo((30, 20), 1).save(png, "PNG")
+    for data in (rotated(1), encode(photo((300, 260), 2).convert("L")), encode(photo((300, 260), 2).convert("CMYK")),
+                 png.getvalue(), b"", plain[:2], plain[:30], b"\xff\xd8\xff\xda\x00\x02"):
+        assert jpeg.plain_size(data, pp, MAX_PIXELS) is None
+    assert jpeg.plain_size(plain, pp, 300 * 260 - 1) is None
+    assert jpeg.plain_size(plain, Preprocess(grayscale=True), MAX_PIXELS) is None
+
+    def no_pillow(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Pillow opened a plain JPEG")
+
+    want, want_icc = pillow_path(plain, pp), pillow_path(icc, pp)
+    monkeypatch.setattr(decode, "open_image", no_pillow)
+    np.testing.assert_array_equal(decode.prepare(plain, pp, MAX_PIXELS), want)
+    budget = decode.PixelBudget(10**6)
+    np.testing.assert_array_equal(decode.prepare(icc, pp, MAX_PIXELS, budget=budget), want_icc)
+    assert budget.free == budget.total
+
+
+def test_plain_jpeg_limits_hold_without_pillow() -> None:
+    """The scan limit and the resized-size limit answer as on Pillow's path."""
+    many = encode(photo((64, 48), 7), quality=90, progressive=True)
+    assert jpeg.plain_size(many, Preprocess(), MAX_PIXELS) is not None
+    with pytest.raises(APIError) as e:
+        decode.prepare(many, Preprocess(), MAX_PIXELS, max_scans=2)
+    assert (e.value.status, e.value.code) == (413, "too_many_scans")
+    thin = encode(photo((4000, 3), 5), quality=90)
+    with pytest.raises(APIError) as e:
+        decode.prepare(thin, Preprocess(), MAX_PIXELS)
+    assert e.value.status == 413 and "crop it first" in e.value.message
