@@ -7,6 +7,11 @@
  * transpose(src, rows, cols, pixel, dst[, offset, stride]): dst[c, r, :] = src[r, c, :] for pixels of
  *     ``pixel`` bytes; with ``offset`` and ``stride`` (bytes), row r starts at src + offset + r * stride (a
  *     window of a larger image, read in place).
+ * hrows(src, nrows, ncols, stride, offset, bounds, kk, ksize, dst): the horizontal pass of 3-byte pixels,
+ *     dst[r, i, :] = clamp((2^21 + sum_t kk[i, t] * src[r, bounds[2i] + t, :]) >> 22, 0, 255) for the window
+ *     of ``nrows`` x ``ncols`` pixels at byte ``offset`` of ``src`` (rows ``stride`` bytes apart), read in place.
+ *     Strips of STRIP rows are transposed into a small tile (in L1), convolved along its first axis with the
+ *     accumulators in registers, and transposed back: the source is read once, no full-size intermediate.
  * lookup(src, pixels, table, dst): dst[c, i] = table[c, src[i, c]] for 3-channel uint8 pixels and a
  *     (3, 256) float32 table: scale + normalise by table lookup, HWC uint8 -> CHW float32 in one pass.
  */
@@ -152,6 +157,103 @@ static PyObject *transpose(PyObject *self, PyObject *args) {
     return result;
 }
 
+#define STRIP 32
+#define STRIP_BYTES (STRIP * 3)
+
+MULTIVERSION
+static void convolve_strip(const uint8_t *tile, Py_ssize_t rowlen, const int32_t *bounds, const int32_t *kk,
+                           Py_ssize_t ksize, Py_ssize_t nout, uint8_t *out) {
+    /* rowlen <= STRIP_BYTES; the full-width case has a constant trip count, so the accumulators are registers */
+    for (Py_ssize_t i = 0; i < nout; i++) {
+        const int32_t first = bounds[2 * i], taps = bounds[2 * i + 1];
+        const int32_t *k = kk + i * ksize;
+        int32_t a[STRIP_BYTES];
+        for (int j = 0; j < STRIP_BYTES; j++) {
+            a[j] = 1 << (FRACTION_BITS - 1);
+        }
+        if (rowlen == STRIP_BYTES) {
+            for (int32_t t = 0; t < taps; t++) {
+                const int32_t w = k[t];
+                const uint8_t *row = tile + (Py_ssize_t)(first + t) * STRIP_BYTES;
+                for (int j = 0; j < STRIP_BYTES; j++) {
+                    a[j] += w * (int32_t)row[j];
+                }
+            }
+        } else {
+            for (int32_t t = 0; t < taps; t++) {
+                const int32_t w = k[t];
+                const uint8_t *row = tile + (Py_ssize_t)(first + t) * rowlen;
+                for (Py_ssize_t j = 0; j < rowlen; j++) {
+                    a[j] += w * (int32_t)row[j];
+                }
+            }
+        }
+        uint8_t *o = out + i * rowlen;
+        for (Py_ssize_t j = 0; j < rowlen; j++) {
+            const int32_t v = a[j] >> FRACTION_BITS;
+            o[j] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+        }
+    }
+}
+
+static int check_bounds(const int32_t *b, Py_ssize_t nout, Py_ssize_t ksize, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < nout; i++) {
+        if (b[2 * i] < 0 || b[2 * i + 1] < 0 || b[2 * i + 1] > ksize || b[2 * i] + b[2 * i + 1] > n) {
+            PyErr_SetString(PyExc_ValueError, "bounds out of range");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void hrows_strips(const uint8_t *base, Py_ssize_t nr, Py_ssize_t nc, Py_ssize_t stride, const int32_t *b,
+                         const int32_t *kk, Py_ssize_t ksize, Py_ssize_t nout, uint8_t *dst, uint8_t *tile,
+                         uint8_t *out) {
+    for (Py_ssize_t r0 = 0; r0 < nr; r0 += STRIP) {
+        const Py_ssize_t n = r0 + STRIP < nr ? STRIP : nr - r0;
+        transpose_any(base + r0 * stride, n, nc, 3, stride, tile);  /* tile[c, s, :] = src[r0 + s, c, :] */
+        convolve_strip(tile, n * 3, b, kk, ksize, nout, out);         /* out[i, s, :] */
+        transpose_any(out, nout, n, 3, n * 3, dst + r0 * nout * 3);  /* dst[r0 + s, i, :] */
+    }
+}
+
+static PyObject *hrows(PyObject *self, PyObject *args) {
+    Py_buffer src, bounds, kk, dst;
+    Py_ssize_t nr, nc, stride, offset, ksize;
+    if (!PyArg_ParseTuple(args, "y*nnnny*y*nw*", &src, &nr, &nc, &stride, &offset, &bounds, &kk, &ksize, &dst)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    uint8_t *tile = NULL, *out = NULL;
+    const Py_ssize_t nout = bounds.len / (Py_ssize_t)(2 * sizeof(int32_t));
+    int ok = nr > 0 && nc > 0 && ksize > 0 && nout > 0 && offset >= 0 && stride >= 3 * nc;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "hrows: bad sizes");
+    }
+    ok = ok && check_size(&src, offset + (nr - 1) * stride + 3 * nc, "src") &&
+         check_size(&kk, nout * ksize * (Py_ssize_t)sizeof(int32_t), "kk") && check_size(&dst, nr * nout * 3, "dst") &&
+         check_bounds(bounds.buf, nout, ksize, nc);
+    if (ok && (!(tile = malloc((size_t)(nc * STRIP_BYTES))) || !(out = malloc((size_t)(nout * STRIP_BYTES))))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        hrows_strips((const uint8_t *)src.buf + offset, nr, nc, stride, bounds.buf, kk.buf, ksize, nout, dst.buf, tile,
+                     out);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    free(tile);
+    free(out);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&bounds);
+    PyBuffer_Release(&kk);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static void lookup3(const uint8_t *src, Py_ssize_t n, const float *table, float *dst) {
     const float *t0 = table, *t1 = table + 256, *t2 = table + 512;
     float *d0 = dst, *d1 = dst + n, *d2 = dst + 2 * n;
@@ -189,6 +291,8 @@ static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS, "rows(src, nrows, rowlen, bounds, kk, ksize, dst): fixed-point convolution along axis 0"},
     {"transpose", transpose, METH_VARARGS,
      "transpose(src, rows, cols, pixel_bytes, dst[, offset, stride]): swap the first two axes"},
+    {"hrows", hrows, METH_VARARGS,
+     "hrows(src, nrows, ncols, stride, offset, bounds, kk, ksize, dst): horizontal pass of 3-byte pixels, in strips"},
     {"lookup", lookup, METH_VARARGS, "lookup(src, pixels, table, dst): HWC uint8 -> CHW float32 via a (3, 256) table"},
     {NULL, NULL, 0, NULL},
 };

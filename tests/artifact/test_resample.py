@@ -178,6 +178,31 @@ def test_array_input_equals_pillow(size: tuple[int, int]) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows", [1, 31, 32, 33, 70])
+def test_horizontal_pass_in_strips_equals_rows_on_the_transpose(rows: int) -> None:
+    """hrows (strips of 32 rows, in place) = transpose + rows + transpose, for every strip remainder."""
+    rng = np.random.default_rng(rows)
+    src = rng.integers(0, 256, (rows + 9, 61, 3), dtype=np.uint8)
+    bounds, weights = resample.coefficients(50, 17, "bicubic")
+    bounds = (bounds + np.array([[5, 0]])).astype(np.int32)  # columns 5..55 of the 61
+    out = np.empty((rows, 17, 3), dtype=np.uint8)
+    resample._resample.hrows(src, rows, 61, src.strides[0], 4 * src.strides[0], bounds, weights, weights.shape[1],
+                             out)
+    window = np.ascontiguousarray(src[4:4 + rows].transpose(1, 0, 2))
+    want = np.empty((17, rows, 3), dtype=np.uint8)
+    resample._resample.rows(window, 61, rows * 3, bounds, weights, weights.shape[1], want)
+    np.testing.assert_array_equal(out, want.transpose(1, 0, 2))
+    with pytest.raises(ValueError, match="bounds"):  # columns past the window
+        resample._resample.hrows(src, rows, 61, src.strides[0], 0, (bounds + np.array([[10, 0]])).astype(np.int32),
+                                 weights, weights.shape[1], out)
+    with pytest.raises(ValueError, match="src"):  # rows past the end of the buffer
+        resample._resample.hrows(src, rows, 61, src.strides[0], 10 * src.strides[0], bounds, weights,
+                                 weights.shape[1], out)
+    with pytest.raises(ValueError, match="dst"):
+        resample._resample.hrows(src, rows, 61, src.strides[0], 0, bounds, weights, weights.shape[1], out[:-1])
+
+
+@needs_kernels
 def test_strided_transpose_reads_a_window_in_place() -> None:
     src = np.random.default_rng(3).integers(0, 256, (40, 50, 3), dtype=np.uint8)
     out = np.empty((20, 10, 3), dtype=np.uint8)
