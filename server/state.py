@@ -27,6 +27,7 @@ from .metrics import Metrics
 from .repository import ModelVersion, Repository
 
 log = logging.getLogger("irpe.server")
+_TIMEOUT = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 @dataclass
@@ -258,9 +259,12 @@ class ServerState:
 
     async def with_deadline(self, coro: object, started: float) -> object:
         """Await ``coro`` within the request deadline (--timeout-s from ``started``); 504 after."""
-        remaining = self.settings.timeout_s - (time.perf_counter() - started)
+        remaining = max(self.settings.timeout_s - (time.perf_counter() - started), 0.001)
         try:
-            return await asyncio.wait_for(coro, max(remaining, 0.001))  # type: ignore[arg-type]
+            if _TIMEOUT is None:  # Python 3.10
+                return await asyncio.wait_for(coro, remaining)  # type: ignore[arg-type]
+            async with _TIMEOUT(remaining):  # in this task: no task per request, as wait_for makes
+                return await coro  # type: ignore[misc]
         except asyncio.TimeoutError:
             raise APIError(504, "timeout", f"request not answered within {self.settings.timeout_s:g}s "
                            "(--timeout-s)") from None
