@@ -25,7 +25,7 @@ from . import kserve, routes
 from .config import Settings
 from .engine import EngineError
 from .errors import drop_default_validation_error, install_error_handlers
-from .fastpath import ClassifyFastPath
+from .fastpath import ClassifyEndpoint, fast_params
 from .memory import tune_gc
 from .middleware import ObserveMiddleware
 from .protocol import protocol_factory
@@ -53,21 +53,37 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("batcher drained; bye")
 
 
-def create_app(settings: Settings | None = None, state: ServerState | None = None) -> FastAPI:
+class IrpeApp(FastAPI):
+    """FastAPI, with the common ``POST /classify`` sent through our middleware to the endpoint directly
+    (:mod:`.fastpath`); every other request takes FastAPI's way."""
+
+    classify_stack: Any = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.classify_stack is not None and (params := fast_params(scope)) is not None:
+            scope["app"], scope["irpe.classify"] = self, params
+            await self.classify_stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, state: ServerState | None = None) -> IrpeApp:
     """Build the app for ``settings`` (default: from ``IRPE_*`` environment variables); ``state``: another
     ServerState (a front end of ``--frontends``, :mod:`.remote`)."""
     settings = settings or Settings.from_env()
-    app = FastAPI(title="irpe-deploy", version=irpe.__version__, lifespan=_lifespan,
+    app = IrpeApp(title="irpe-deploy", version=irpe.__version__, lifespan=_lifespan,
                   description="Image classification with iRPE vision transformers. POST an image to "
                   "/classify; KServe v2 / Triton clients use /v2.")
     app.state.irpe = state or ServerState(settings)
     install_error_handlers(app)
     app.include_router(routes.router)
     app.include_router(kserve.router)
-    classify = next(r for r in routes.router.routes if getattr(r, "path", "") == "/classify")
-    app.add_middleware(ClassifyFastPath, state=app.state.irpe, route=classify)  # innermost of ours
+    tracer = otlp_tracer()
     app.add_middleware(ObserveMiddleware, state=app.state.irpe)
-    app.add_middleware(TraceMiddleware, tracer=otlp_tracer())  # outermost: request id + trace on every answer
+    app.add_middleware(TraceMiddleware, tracer=tracer)  # outermost: request id + trace on every answer
+    classify = next(r for r in routes.router.routes if getattr(r, "path", "") == "/classify")
+    app.classify_stack = TraceMiddleware(ObserveMiddleware(ClassifyEndpoint(app.state.irpe, classify),
+                                                           state=app.state.irpe), tracer=tracer)
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
     _declare_real_errors(app)
     return app

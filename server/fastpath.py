@@ -1,14 +1,15 @@
-"""``POST /classify`` answered in front of FastAPI's router: the same answers for a fraction of the CPU.
+"""``POST /classify`` answered before FastAPI: the same answers for a fraction of the CPU.
 
-FastAPI's path to an endpoint (exception middleware, exit stack, router, route match, request-response
-wrapper, query validation through pydantic, endpoint call, response object) costs about a sixth of the
-event loop's CPU per ``/classify`` request at the near-free model of ``irpe bench serve --frontend``.
-This pure-ASGI middleware sits inside :class:`~.middleware.ObserveMiddleware` and
-:class:`~.tracing.TraceMiddleware` (so API key, host allowlist, request id, trace context, metrics and the
-JSON 500 still apply) and answers ``POST /classify`` itself when the query string is one it can read
-exactly as FastAPI would: ``top_k`` a plain positive integer, ``model`` and ``version`` at most once each.
-Anything else (``top_k=0`` or ``abc``, a repeated parameter, another method or path) goes to FastAPI
-unchanged, which gives the usual 422/404/405. Both paths run :func:`.routes.classify_body`.
+FastAPI's way to an endpoint (its server-error, telemetry and body-limit layers, exception middleware,
+exit stack, router, route match, request-response wrapper, query validation through pydantic, endpoint
+call, response object) cost about a sixth of the event loop's CPU per ``/classify`` request at the
+near-free model of ``irpe bench serve --frontend``. :class:`~.app.IrpeApp` sends a ``POST /classify``
+whose query string this module reads exactly as FastAPI would (``top_k`` a plain positive integer, each
+parameter at most once) through our own middleware (:class:`~.tracing.TraceMiddleware`,
+:class:`~.middleware.ObserveMiddleware`: API key, host allowlist, request id, trace context, metrics, JSON
+500) straight to :class:`ClassifyEndpoint`. Anything else (``top_k=0`` or ``abc``, a repeated parameter,
+another method or path) takes FastAPI's way unchanged, with its usual 422/404/405. Both ways run
+:func:`.routes.classify_body`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
+import orjson
 from starlette.requests import Request
 
 from .errors import APIError, error_body_for
@@ -44,22 +46,25 @@ def classify_params(query_string: bytes) -> tuple[int, str | None, str | None] |
     return int(top_k), params.get("model"), params.get("version")
 
 
-class ClassifyFastPath:
-    """Pure-ASGI middleware: ``POST /classify`` straight to :func:`.routes.classify_body`."""
+def fast_params(scope: Scope) -> tuple[int, str | None, str | None] | None:
+    """The parameters of a ``POST /classify`` the fast path answers; ``None`` for every other request."""
+    if scope["type"] != "http" or scope["path"] != "/classify" or scope["method"] != "POST":
+        return None
+    return classify_params(scope.get("query_string", b""))
 
-    def __init__(self, app: Any, state: ServerState, route: Any):
-        self.app = app
+
+class ClassifyEndpoint:
+    """Pure-ASGI app answering ``POST /classify`` (parameters from :func:`fast_params`, in the scope under
+    ``irpe.classify``) with :func:`.routes.classify_body`; its errors as FastAPI's APIError handler gives them."""
+
+    def __init__(self, state: ServerState, route: Any):
         self.state = state
         self.route = route  # the FastAPI route, so metrics and spans label the request as before
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/classify" or scope["method"] != "POST" or \
-                (params := classify_params(scope.get("query_string", b""))) is None:
-            await self.app(scope, receive, send)
-            return
         scope["route"] = self.route
         try:
-            body = await classify_body(Request(scope, receive), self.state, *params)
+            body = await classify_body(Request(scope, receive), self.state, *scope["irpe.classify"])
         except APIError as e:
             await self._error(send, e)
             return
@@ -70,8 +75,6 @@ class ClassifyFastPath:
     @staticmethod
     async def _error(send: Any, e: APIError) -> None:
         """The error answer FastAPI's APIError handler gives (same body, status and headers)."""
-        import orjson
-
         body = orjson.dumps(error_body_for("/classify", e.code, e.message))
         headers = [(b"content-length", b"%d" % len(body)), *_JSON]
         headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in e.headers.items()]

@@ -65,7 +65,8 @@ def top_k(logits: np.ndarray, k: int, labels: list[str]) -> list[dict[str, Any]]
         order = cand[np.lexsort((cand, -p[cand]))][:k]
     else:
         order = np.argsort(-p, kind="stable")[:k]
-    return [{"index": int(i), "label": labels[i], "probability": float(p[i])} for i in order]
+    probs = p.tolist()  # Python floats at once, not one NumPy scalar per class
+    return [{"index": i, "label": labels[i], "probability": probs[i]} for i in order.tolist()]
 
 
 def _timing(decode_s: float, results: list[Result], started: float) -> dict[str, float]:
