@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header  # python-multipart's
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import APIError
 
@@ -26,20 +26,23 @@ def check_content_length(request: Request, limit: int) -> None:
         raise _too_large(limit)
 
 
-async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
-    """The body chunks, failing with 413 as soon as more than ``limit`` bytes arrived."""
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The whole body (at most ``limit`` bytes): the ASGI messages read directly (no async-generator chain;
+    a body in one message is returned without a copy)."""
     check_content_length(request, limit)
-    total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
+    receive, chunks, total = request.receive, [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        body = message.get("body", b"")
+        total += len(body)
         if total > limit:
             raise _too_large(limit)
-        yield chunk
-
-
-async def read_limited(request: Request, limit: int) -> bytes:
-    """The whole body (at most ``limit`` bytes)."""
-    return b"".join([chunk async for chunk in limited_stream(request, limit)])
+        if body:
+            chunks.append(body)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def read_images(request: Request, limit: int, max_files: int) -> list[bytes]:
