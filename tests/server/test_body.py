@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -91,3 +92,34 @@ def test_fast_path_agrees_with_the_parser(parts: list[tuple[bytes, bytes]], epil
     except Exception as e:  # the parser refuses a body the fast path accepted: a real disagreement
         raise AssertionError(f"fast path accepted a body the parser refuses: {e!r}") from None
     assert fast == parsed
+
+
+def test_bodies_in_pieces_over_the_limit_and_cut_short(tiny_artifact: Path) -> None:
+    """read_limited over real HTTP: a body sent in several pieces arrives whole; a chunked body over
+    --max-body-mb is 413 once the limit passes; a client that leaves mid-upload is counted as 499 and the
+    server keeps serving."""
+    import socket
+    import time
+
+    import httpx
+
+    from tests.server.helpers import encode, image, running_server
+
+    with running_server(tiny_artifact, max_body_mb=0.05, max_wait_ms=2) as url:
+        host, port = url.removeprefix("http://").split(":")
+        png = encode(image(seed=9))
+        pieces = [png[i:i + 97] for i in range(0, len(png), 97)]
+        ok = httpx.post(url + "/classify", content=iter(pieces), headers={"content-type": "image/png"})
+        assert ok.status_code == 200 and len(ok.json()["predictions"]) == 1
+        big = httpx.post(url + "/classify", content=iter([b"\x89PNG" + bytes(40_000)] * 3),
+                         headers={"content-type": "image/png"})
+        assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"POST /classify HTTP/1.1\r\nHost: localhost\r\nContent-Type: image/png\r\n"
+                      b"Content-Length: 30000\r\n\r\n" + png[:500])
+            time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while '"499"' not in (metrics := httpx.get(url + "/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any('route="/classify"' in line and 'status="499"' in line for line in metrics.splitlines())
+        assert httpx.post(url + "/classify", content=png, headers={"content-type": "image/png"}).status_code == 200
