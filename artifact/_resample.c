@@ -29,27 +29,34 @@
 #define MULTIVERSION
 #endif
 
+/* One output row: out[j] = clamp((2^21 + sum_t k[t] * rows[t * rowlen + j]) >> 22). Inlined into each
+ * caller (and each target clone); a caller passing a constant rowlen gets the loops unrolled and the
+ * accumulators in registers. */
+static inline __attribute__((always_inline)) void convolve_one(const uint8_t *rows, Py_ssize_t rowlen,
+                                                               const int32_t *k, int32_t taps, int32_t *acc,
+                                                               uint8_t *out) {
+    for (Py_ssize_t j = 0; j < rowlen; j++) {
+        acc[j] = 1 << (FRACTION_BITS - 1);
+    }
+    for (int32_t t = 0; t < taps; t++) {
+        const int32_t w = k[t];
+        const uint8_t *row = rows + (Py_ssize_t)t * rowlen;
+        for (Py_ssize_t j = 0; j < rowlen; j++) {
+            acc[j] += w * (int32_t)row[j];
+        }
+    }
+    for (Py_ssize_t j = 0; j < rowlen; j++) {
+        const int32_t v = acc[j] >> FRACTION_BITS;
+        out[j] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+    }
+}
+
 MULTIVERSION
 static void convolve_rows(const uint8_t *src, Py_ssize_t rowlen, const int32_t *bounds, const int32_t *kk,
                           Py_ssize_t ksize, Py_ssize_t nout, uint8_t *dst, int32_t *acc) {
     for (Py_ssize_t i = 0; i < nout; i++) {
-        const int32_t first = bounds[2 * i], taps = bounds[2 * i + 1];
-        const int32_t *k = kk + i * ksize;
-        for (Py_ssize_t j = 0; j < rowlen; j++) {
-            acc[j] = 1 << (FRACTION_BITS - 1);
-        }
-        for (int32_t t = 0; t < taps; t++) {
-            const int32_t w = k[t];
-            const uint8_t *row = src + (Py_ssize_t)(first + t) * rowlen;
-            for (Py_ssize_t j = 0; j < rowlen; j++) {
-                acc[j] += w * (int32_t)row[j];
-            }
-        }
-        uint8_t *out = dst + i * rowlen;
-        for (Py_ssize_t j = 0; j < rowlen; j++) {
-            const int32_t v = acc[j] >> FRACTION_BITS;
-            out[j] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
-        }
+        convolve_one(src + (Py_ssize_t)bounds[2 * i] * rowlen, rowlen, kk + i * ksize, bounds[2 * i + 1], acc,
+                     dst + i * rowlen);
     }
 }
 
@@ -163,35 +170,14 @@ static PyObject *transpose(PyObject *self, PyObject *args) {
 MULTIVERSION
 static void convolve_strip(const uint8_t *tile, Py_ssize_t rowlen, const int32_t *bounds, const int32_t *kk,
                            Py_ssize_t ksize, Py_ssize_t nout, uint8_t *out) {
-    /* rowlen <= STRIP_BYTES; the full-width case has a constant trip count, so the accumulators are registers */
+    /* rowlen <= STRIP_BYTES; a full strip has a constant row length (accumulators in registers) */
+    int32_t acc[STRIP_BYTES];
     for (Py_ssize_t i = 0; i < nout; i++) {
         const int32_t first = bounds[2 * i], taps = bounds[2 * i + 1];
-        const int32_t *k = kk + i * ksize;
-        int32_t a[STRIP_BYTES];
-        for (int j = 0; j < STRIP_BYTES; j++) {
-            a[j] = 1 << (FRACTION_BITS - 1);
-        }
         if (rowlen == STRIP_BYTES) {
-            for (int32_t t = 0; t < taps; t++) {
-                const int32_t w = k[t];
-                const uint8_t *row = tile + (Py_ssize_t)(first + t) * STRIP_BYTES;
-                for (int j = 0; j < STRIP_BYTES; j++) {
-                    a[j] += w * (int32_t)row[j];
-                }
-            }
+            convolve_one(tile + first * STRIP_BYTES, STRIP_BYTES, kk + i * ksize, taps, acc, out + i * STRIP_BYTES);
         } else {
-            for (int32_t t = 0; t < taps; t++) {
-                const int32_t w = k[t];
-                const uint8_t *row = tile + (Py_ssize_t)(first + t) * rowlen;
-                for (Py_ssize_t j = 0; j < rowlen; j++) {
-                    a[j] += w * (int32_t)row[j];
-                }
-            }
-        }
-        uint8_t *o = out + i * rowlen;
-        for (Py_ssize_t j = 0; j < rowlen; j++) {
-            const int32_t v = a[j] >> FRACTION_BITS;
-            o[j] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+            convolve_one(tile + first * rowlen, rowlen, kk + i * ksize, taps, acc, out + i * rowlen);
         }
     }
 }

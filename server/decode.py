@@ -84,19 +84,14 @@ def jpeg_scans(data: bytes, limit: int) -> int:
     marker segments, skipping entropy-coded data (where 0xFF is always stuffed), so embedded thumbnails
     in APPn segments are not counted; cost: one regex search per scan."""
     pos, scans, end = 2, 0, len(data)
-    while pos + 4 <= end and scans <= limit:
-        if data[pos] != 0xFF:
-            return scans
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
+    while scans <= limit and (segment := jpeg.next_segment(data, pos, end)) is not None:
+        marker, pos, length = segment
         if marker == 0xD9:  # EOI
             return scans
         if 0xD0 <= marker <= 0xD7 or marker == 0x01:
             pos += 2
             continue
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        pos += 2 + length
         if marker == 0xDA:
             scans += 1
             found = _NEXT_MARKER.search(data, pos)

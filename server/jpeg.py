@@ -59,20 +59,27 @@ _PLAIN_APP = ((0xE0, b"JFIF\x00"), (0xE0, b"JFXX\x00"), (0xE2, b"ICC_PROFILE\x00
 _TABLES = frozenset({0xC4, 0xCC, 0xDB, 0xDD, 0xFE})  # DHT, DAC, DQT, DRI, COM
 
 
+def next_segment(data: bytes, pos: int, end: int) -> tuple[int, int, int] | None:
+    """(marker, position, length field) of the marker at ``pos`` (fill bytes skipped), or ``None`` where
+    ``data`` holds no marker there before ``end`` (the length field of a standalone marker means nothing)."""
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker != 0xFF:
+            return marker, pos, int.from_bytes(data[pos + 2:pos + 4], "big")
+        pos += 1  # a fill byte
+    return None
+
+
 def read_frame(data: bytes) -> Frame | None:
     """The frame header of a JPEG, read from the marker segments before it (no decoding, a few microseconds);
     ``None`` when ``data`` is not a JPEG or its header cannot be read this way."""
     if not data.startswith(b"\xff\xd8"):
         return None
     pos, end, plain = 2, min(len(data), 1 << 20), True
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+    while (segment := next_segment(data, pos, end)) is not None:
+        marker, pos, length = segment
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn
             if length < 8 or pos + 10 > end:
                 return None
