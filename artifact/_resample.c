@@ -68,6 +68,16 @@ static int check_size(Py_buffer *b, Py_ssize_t want, const char *name) {
     return 1;
 }
 
+static int check_bounds(const int32_t *b, Py_ssize_t nout, Py_ssize_t ksize, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < nout; i++) {
+        if (b[2 * i] < 0 || b[2 * i + 1] < 0 || b[2 * i + 1] > ksize || b[2 * i] + b[2 * i + 1] > n) {
+            PyErr_SetString(PyExc_ValueError, "bounds out of range");
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *rows(PyObject *self, PyObject *args) {
     Py_buffer src, bounds, kk, dst;
     Py_ssize_t nrows, rowlen, ksize, nout;
@@ -81,12 +91,7 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     int ok = rowlen > 0 && ksize > 0 && check_size(&src, nrows * rowlen, "src") &&
              check_size(&kk, nout * ksize * (Py_ssize_t)sizeof(int32_t), "kk") &&
              check_size(&dst, nout * rowlen, "dst");
-    for (Py_ssize_t i = 0; ok && i < nout; i++) {
-        if (b[2 * i] < 0 || b[2 * i + 1] < 0 || b[2 * i + 1] > ksize || b[2 * i] + b[2 * i + 1] > nrows) {
-            PyErr_SetString(PyExc_ValueError, "bounds out of range");
-            ok = 0;
-        }
-    }
+    ok = ok && check_bounds(b, nout, ksize, nrows);
     if (ok && !(acc = malloc((size_t)rowlen * sizeof(int32_t)))) {
         PyErr_NoMemory();
         ok = 0;
@@ -180,16 +185,6 @@ static void convolve_strip(const uint8_t *tile, Py_ssize_t rowlen, const int32_t
             convolve_one(tile + first * rowlen, rowlen, kk + i * ksize, taps, acc, out + i * rowlen);
         }
     }
-}
-
-static int check_bounds(const int32_t *b, Py_ssize_t nout, Py_ssize_t ksize, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < nout; i++) {
-        if (b[2 * i] < 0 || b[2 * i + 1] < 0 || b[2 * i + 1] > ksize || b[2 * i] + b[2 * i + 1] > n) {
-            PyErr_SetString(PyExc_ValueError, "bounds out of range");
-            return 0;
-        }
-    }
-    return 1;
 }
 
 static void hrows_strips(const uint8_t *base, Py_ssize_t nr, Py_ssize_t nc, Py_ssize_t stride, const int32_t *b,
