@@ -18,10 +18,9 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
-import orjson
 from starlette.requests import Request
 
-from .errors import APIError, error_body_for
+from .errors import APIError, error_response
 from .routes import classify_body
 from .state import ServerState
 
@@ -65,18 +64,9 @@ class ClassifyEndpoint:
         scope["route"] = self.route
         try:
             body = await classify_body(Request(scope, receive), self.state, *scope["irpe.classify"])
-        except APIError as e:
-            await self._error(send, e)
+        except APIError as e:  # the response FastAPI's APIError handler gives
+            await error_response(e.status, e.code, e.message, e.headers, "/classify")(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_JSON, (b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
-
-    @staticmethod
-    async def _error(send: Any, e: APIError) -> None:
-        """The error answer FastAPI's APIError handler gives (same body, status and headers)."""
-        body = orjson.dumps(error_body_for("/classify", e.code, e.message))
-        headers = [(b"content-length", b"%d" % len(body)), *_JSON]
-        headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in e.headers.items()]
-        await send({"type": "http.response.start", "status": e.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
