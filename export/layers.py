@@ -2,34 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from irpe.models.deit import ViTConfig
-
 from . import rpe_graph
-from .graph import GraphBuilder
-
-
-@dataclass
-class Emit:
-    """Everything the layer emitters share: the builder, the weights and the export options."""
-
-    g: GraphBuilder
-    sd: dict[str, np.ndarray]
-    cfg: ViTConfig
-    opset: int
-    plugin: bool = False
-    tensorrt: bool = False  # for TensorRT's parser: the standard graph already suits it (no ScatterND)
-    tables: dict[int, dict[str, list[rpe_graph.Table]]] = field(default_factory=dict)
-    batch: str = ""  # 1-D int64 tensor [N] (the dynamic batch size), set by :func:`embed`
-    cache: dict[str, str] = field(default_factory=dict)  # values shared by all layers (e.g. zeros)
-
-    @property
-    def tokens(self) -> int:
-        h, w = self.cfg.grid
-        return self.cfg.num_prefix_tokens + h * w
+from .emit import Emit
 
 
 def linear(e: Emit, x: str, key: str, scale: np.ndarray | float = 1.0) -> str:

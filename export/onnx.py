@@ -10,6 +10,7 @@ from onnx import TensorProto
 from torch import nn
 
 from . import layers, rpe_graph
+from .emit import Emit
 from .graph import GraphBuilder, tensor_input
 
 INPUT_NAME = "images"
@@ -27,8 +28,8 @@ def build_onnx(model: nn.Module, *, opset: int = 17, rpe_plugin: bool = False, f
     cfg = model.cfg
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     g = GraphBuilder(np.float16 if fp16 else np.float32)
-    e = layers.Emit(g=g, sd=sd, cfg=cfg, opset=opset, plugin=rpe_plugin, tensorrt=tensorrt,
-                    tables=rpe_graph.collect_tables(model))
+    e = Emit(g=g, sd=sd, cfg=cfg, opset=opset, plugin=rpe_plugin, tensorrt=tensorrt,
+             tables=rpe_graph.collect_tables(model))
     x = INPUT_NAME
     if fp16:
         x = g.op("Cast", [x], "images_fp16", to=TensorProto.FLOAT16)

@@ -21,29 +21,13 @@ Layout choices (ONNX Runtime CPU, DeiT-S, batch 8, n = 197, K = 50, measured on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 from onnx import TensorProto
 from torch import nn
 
 from irpe.models.rpe import rpe_tables
 
-if TYPE_CHECKING:
-    from .layers import Emit
-
-
-@dataclass
-class Table:
-    """One bucket table and its learned embedding (NumPy).
-
-    ``weight``: bias (Ht, K); contextual q/k (Ht, d, K); contextual v (Ht, K, d); Ht = 1 when shared.
-    """
-
-    bucket: np.ndarray
-    num_buckets: int
-    weight: np.ndarray
+from .emit import Emit, Table
 
 
 def collect_tables(model: nn.Module) -> dict[int, dict[str, list[Table]]]:
