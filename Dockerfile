@@ -46,6 +46,7 @@ COPY models ./models
 COPY export ./export
 COPY plugins ./plugins
 COPY training ./training
+COPY bench ./bench
 RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && /opt/venv/bin/python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/wheels/*.whl')[0]).namelist(); sys.exit(not any('_resample' in n for n in names))"
 

@@ -10,16 +10,14 @@ import argparse
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
+from .config import Dist, TrainConfig
 from .data import DataBundle
 from .recipe import WarmupCosine
-
-if TYPE_CHECKING:
-    from .loop import Dist, TrainConfig
 
 CHECKPOINT_NAME = "checkpoint.pth"
 

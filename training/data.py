@@ -1,4 +1,6 @@
-"""Datasets for training: a tiny PIL ImageFolder and the builtin ``digits`` (see :mod:`.digits`).
+"""Training data: a tiny PIL ImageFolder and what every dataset shares (``DataBundle``, normalisation).
+
+:mod:`.datasets` picks one for ``--data``; the builtin ``digits`` is in :mod:`.digits`.
 
 Evaluation tensors are made by :func:`irpe.artifact.preprocess.preprocess_image` itself, so what the
 model sees in validation is exactly what the server feeds it.
@@ -19,7 +21,6 @@ from irpe.artifact.preprocess import preprocess_image
 from irpe.artifact.schema import Preprocess
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
-BUILTIN = ("digits",)
 
 
 @dataclass
@@ -111,19 +112,6 @@ def image_folder(root: str | Path, img_size: int) -> DataBundle:
     train = ImageFolder(root / "train", pp, train=True)
     val = ImageFolder(root / "val", pp, train=False, classes=train.classes)
     return DataBundle(train, val, list(train.classes), pp)
-
-
-def load_data(spec: str, img_size: int) -> DataBundle:
-    """A builtin dataset name (``digits``) or an ImageFolder directory with train/ and val/."""
-    if spec in BUILTIN:
-        from .digits import digits_bundle
-
-        return digits_bundle(img_size)
-    path = Path(spec)
-    if not path.is_dir():
-        raise FileNotFoundError(f"--data {spec!r}: not a builtin ({', '.join(BUILTIN)}) nor a directory "
-                                "holding train/<class>/*.jpg and val/<class>/*.jpg")
-    return image_folder(path, img_size)
 
 
 def unnormalized(pp: Preprocess) -> Preprocess:

@@ -11,9 +11,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,56 +22,11 @@ from tqdm import tqdm
 from irpe.models import create_model, get_config, read_checkpoint
 
 from .checkpoints import CHECKPOINT_NAME, checkpoint_args, load_resume, save_checkpoint
-from .data import DataBundle, load_data
+from .config import Dist, TrainConfig, TrainResult
+from .data import DataBundle
+from .datasets import load_data
+from .parallel import train_processes
 from .recipe import WarmupCosine, build_optimizer, scaled_lr
-
-
-@dataclass
-class TrainConfig:
-    """Everything ``irpe train`` takes; ``lr`` is the base rate for a total batch of 1024."""
-
-    data: str
-    output: str
-    model: str = "deit_micro_patch4_32_ctx_product_shared_k"
-    overrides: dict[str, Any] = field(default_factory=dict)
-    epochs: int = 300
-    batch_size: int = 64
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    warmup_epochs: int = 5
-    weight_decay: float = 0.05
-    smoothing: float = 0.1
-    drop_path: float = 0.1
-    seed: int = 0
-    device: str = "auto"
-    workers: int = 0
-    threads: int | None = None
-    processes: int = 1  # > 1: data-parallel in that many local processes (training/parallel.py)
-    resume: str | None = None
-    stop_after: int | None = None
-    progress: bool = True
-
-
-@dataclass
-class TrainResult:
-    checkpoint: Path
-    history: list[dict[str, float]]
-    seconds: float
-
-    @property
-    def val_acc(self) -> float:
-        return self.history[-1]["val_acc"] if self.history else 0.0
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
 
 
 def setup_distributed(device: str) -> tuple[Dist, torch.device]:
@@ -186,9 +139,7 @@ def prepare(cfg: TrainConfig) -> tuple[Dist, torch.device, DataBundle, nn.Module
 def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) training; rank 0 writes ``OUTPUT/checkpoint.pth`` and ``log.txt`` every epoch."""
     if cfg.processes > 1 and "RANK" not in os.environ:
-        from .parallel import train_processes
-
-        return train_processes(cfg)
+        return train_processes(cfg, train)  # each spawned rank runs this function again, RANK set
     start = time.perf_counter()
     resume = read_checkpoint(cfg.resume) if cfg.resume else None  # refuses unsafe pickles unexecuted
     dist, dev, data, model = prepare(cfg)

@@ -3,7 +3,8 @@
 A transformer this small is too fine-grained for intra-op threads (two OpenMP threads barely beat one),
 but two processes of one thread each, every one on its own share of each batch with gradients averaged
 by gloo over 127.0.0.1, use two cores almost fully. The run is the torchrun one (``RANK``/``WORLD_SIZE``
-set per process, :func:`irpe.training.loop.train` in each): rank 0 writes the checkpoint and log.txt.
+set per process, the one-process function the caller passes, :func:`irpe.training.loop.train`, in each):
+rank 0 writes the checkpoint and log.txt.
 The world size is part of the recipe (it is recorded in the checkpoint's ``args``), so a run gives the
 same model on any machine, however many cores it has. ``device="auto"`` trains the ranks on CPU.
 """
@@ -17,12 +18,14 @@ import resource
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .loop import TrainConfig, TrainResult
+from .config import TrainConfig, TrainResult
+
+RankTrain = Callable[[TrainConfig], TrainResult]
 
 
 def _free_port() -> int:
@@ -31,15 +34,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(cfg: TrainConfig, rank: int, port: int, errors: Any) -> None:
+def _rank_main(cfg: TrainConfig, rank: int, port: int, errors: Any, rank_train: RankTrain) -> None:
     """One process of the group (runs in a spawned child); an exception goes to the parent to be raised
     there as it is (a user error stays one clear line, no traceback per rank)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(cfg.processes), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(cfg.threads or 1))
-    from .loop import train
-
     try:
-        train(replace(cfg, threads=cfg.threads or 1, progress=cfg.progress and rank == 0))
+        rank_train(replace(cfg, threads=cfg.threads or 1, progress=cfg.progress and rank == 0))
     except Exception as e:  # noqa: BLE001 - handed to the parent, which raises it
         try:
             errors.put(e)
@@ -69,10 +70,10 @@ def _wait(procs: list[mp.process.BaseProcess], errors: Any) -> None:
                            f"{failed.exitcode} (its traceback is above); the others were stopped")
 
 
-def train_processes(cfg: TrainConfig) -> TrainResult:
-    """Train with ``cfg.processes`` local processes; the result as :func:`irpe.training.loop.train` gives it."""
+def train_processes(cfg: TrainConfig, rank_train: RankTrain) -> TrainResult:
+    """Train with ``cfg.processes`` local processes, each running ``rank_train`` (a module-level function, as
+    spawn pickles it by name); the result as :func:`irpe.training.loop.train` gives it."""
     from .checkpoints import CHECKPOINT_NAME
-    from .loop import TrainResult
 
     if cfg.device == "auto":  # the process group is for CPU cores; one GPU per rank only when asked for
         cfg = replace(cfg, device="cpu")
@@ -85,7 +86,7 @@ def train_processes(cfg: TrainConfig) -> TrainResult:
     start, port = time.perf_counter(), _free_port()
     ctx = mp.get_context("spawn")  # a fresh interpreter per rank: no forked torch or OpenMP state
     errors = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank_main, args=(cfg, rank, port, errors), daemon=True)
+    procs = [ctx.Process(target=_rank_main, args=(cfg, rank, port, errors, rank_train), daemon=True)
              for rank in range(cfg.processes)]
     for p in procs:
         p.start()

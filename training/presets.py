@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .loop import TrainConfig
+from .config import TrainConfig
 
 #: The digits recipe (2 CPU cores, <= 5 minutes): same optimiser and schedule shape, fewer epochs, in two
 #: 1-thread processes of 16 images each (training/parallel.py); base lr 6.4e-2 per 1024 images = 2e-3 at

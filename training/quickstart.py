@@ -23,12 +23,12 @@ import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from irpe import __version__
 
-if TYPE_CHECKING:  # torch is imported only when training
-    from .loop import TrainConfig
+from .config import TrainConfig  # torch-free, as is .presets: torch is imported only when training
+from .presets import train_config
 
 QUICKSTART_MODEL = "deit_micro_patch4_32_ctx_product_shared_k"
 _NOT_HASHED = ("output", "progress", "device", "workers", "threads", "resume", "stop_after")
@@ -53,8 +53,6 @@ DATA_REVISION = 5  # the digits renderings/augmentation; part of the cache key
 
 def quickstart_config(output: str = "") -> TrainConfig:
     """The embedded digits training run."""
-    from .presets import train_config
-
     return train_config("digits", output, model=QUICKSTART_MODEL)
 
 

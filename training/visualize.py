@@ -141,7 +141,7 @@ def plot_learned_rpe(checkpoint: str | Path, out_dir: str | Path, name: str | No
 def _inputs(img_size: int, data: str | None, samples: int) -> torch.Tensor:
     if data is None:
         return torch.randn(samples, 3, img_size, img_size, generator=torch.Generator().manual_seed(0))
-    from .data import load_data
+    from .datasets import load_data
 
     val = load_data(data, img_size).val
     return torch.stack([val[i][0] for i in range(min(samples, len(val)))])

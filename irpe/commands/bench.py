@@ -36,7 +36,7 @@ def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         """Parse the lists, run the bench, print the table."""
-        from irpe.benchmarks.cpu import format_table, run_cpu_bench
+        from irpe.bench.cpu import format_table, run_cpu_bench
         from irpe.commands import CLIError
 
         try:
@@ -104,7 +104,7 @@ def add_serve_bench(bsub: argparse._SubParsersAction) -> None:
         """Parse the levels and run the serving benchmark."""
         if args.frontend:
             return _run_frontend(args)
-        from irpe.benchmarks.serve import run_bench
+        from irpe.bench.serve import run_bench
 
         levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
         if not levels or min(levels) < 1 or args.requests < 1:
@@ -126,7 +126,7 @@ def add_latency_bench(bsub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         """Parse the levels and run the latency benchmark."""
-        from irpe.benchmarks.latency import run_latency
+        from irpe.bench.latency import run_latency
 
         levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
         if not levels or min(levels) < 1 or args.requests < 1:
@@ -148,7 +148,7 @@ def add_digits_bench(bsub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         """Score every family; exit 1 when served and offline labels differ anywhere."""
-        from irpe.benchmarks.digits import run_digits_bench
+        from irpe.bench.digits import run_digits_bench
 
         families = [f.strip() for f in args.families.split(",")] if args.families else None
         table = run_digits_bench(args.artifact, args.per_family, args.url, families)
@@ -170,7 +170,7 @@ def _add_frontend_options(p: argparse.ArgumentParser) -> None:
 
 
 def _run_frontend(args: argparse.Namespace) -> int:
-    from irpe.benchmarks.frontend import run_frontend_bench
+    from irpe.bench.frontend import run_frontend_bench
     from irpe.commands import CLIError
 
     try:
@@ -181,7 +181,7 @@ def _run_frontend(args: argparse.Namespace) -> int:
         raise CLIError("--frontends, --images-per-request and --concurrency take comma lists of integers") from None
     if min(counts + images + [conc, args.requests]) < 0 or min(images + [conc, args.requests]) < 1:
         raise CLIError("--frontends must be >= 0; --images-per-request, --concurrency, --requests >= 1")
-    from irpe.benchmarks.baseline import BEFORE_ISSUE_13
+    from irpe.bench.baseline import BEFORE_ISSUE_13
 
     run_frontend_bench(args.artifact, args.requests, conc, counts, args.baseline_pythonpath, images,
                        tuple(args.server_arg), args.baseline or BEFORE_ISSUE_13, max(1, args.rounds))
@@ -199,7 +199,7 @@ def add_repository_bench(bsub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         """Run the scenarios, print the table and ratios."""
-        from irpe.benchmarks.repository import run_repo_bench
+        from irpe.bench.repository import run_repo_bench
 
         if args.requests < 2 or args.concurrency < 2:
             raise ValueError("--requests and --concurrency must be >= 2")

@@ -14,7 +14,7 @@ import pytest
 import irpe
 from irpe.artifact import load_artifact
 from irpe.artifact.builtin import BUILTINS, builtin_artifact, resolve_artifact_dir
-from irpe.benchmarks.digits import offline_labels, rendered_items, score, served_labels
+from irpe.bench.digits import offline_labels, rendered_items, score, served_labels
 from irpe.training.renderings import FAMILIES
 from tests.reliability.procs import serving
 

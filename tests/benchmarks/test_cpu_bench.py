@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from irpe.benchmarks.cpu import Row, format_table, run_cpu_bench
+from irpe.bench.cpu import Row, format_table, run_cpu_bench
 from irpe.cli import main
 
 
@@ -30,7 +30,7 @@ def test_rounds_run_every_path_once_in_varying_order() -> None:
     """No path always follows the same one (a runtime's busy threads would slow whichever comes next)."""
     import numpy as np
 
-    from irpe.benchmarks.cpu import time_interleaved
+    from irpe.bench.cpu import time_interleaved
 
     order: list[str] = []
     def runner(name: str):

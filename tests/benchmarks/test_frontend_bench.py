@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from irpe.benchmarks.baseline import import_tree
-from irpe.benchmarks.floors import cpu_ms
-from irpe.benchmarks.frontend import (
+from irpe.bench.baseline import import_tree
+from irpe.bench.floors import cpu_ms
+from irpe.bench.frontend import (
     Row,
     Variant,
     bench_frontend,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from irpe.benchmarks.latency import bench_latency, format_latency, v2_request
-from irpe.benchmarks.loadgen import run_load
+from irpe.bench.latency import bench_latency, format_latency, v2_request
+from irpe.bench.loadgen import run_load
 from tests.server.helpers import make_artifact, running_server
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from irpe.benchmarks.loadgen import multipart_request, run_load
-from irpe.benchmarks.serve import bench_serve, format_report, sample_jpeg
+from irpe.bench.loadgen import multipart_request, run_load
+from irpe.bench.serve import bench_serve, format_report, sample_jpeg
 from tests.server.helpers import make_artifact, running_server
 
 

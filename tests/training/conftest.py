@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from irpe.training.loop import TrainConfig, TrainResult, train
+from irpe.training.config import TrainConfig, TrainResult
+from irpe.training.loop import train
 from irpe.training.presets import train_config
 
 MICRO = "deit_micro_patch4_32_ctx_product_shared_k"

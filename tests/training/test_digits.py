@@ -9,7 +9,7 @@ from PIL import Image
 from irpe.artifact.preprocess import preprocess_image
 from irpe.artifact.schema import Preprocess
 from irpe.models import load_checkpoint_with_info
-from irpe.training.data import load_data
+from irpe.training.datasets import load_data
 from irpe.training.digits import VARIANTS, digit_image, random_affine, split_digits
 from irpe.training.renderings import decoded, training_rendering
 

@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from irpe.benchmarks.loadgen import LoadResult, multipart_request, run_load_async
-from irpe.benchmarks.serve import _free_port, _merge, sample_jpeg, server_process
+from irpe.bench.loadgen import LoadResult, multipart_request, run_load_async
+from irpe.bench.serve import _free_port, _merge, sample_jpeg, server_process
 
 
 @dataclass

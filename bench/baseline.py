@@ -14,8 +14,8 @@ import sysconfig
 import tarfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-SUBPACKAGES = ("artifact", "models", "export", "plugins", "server", "training")
+REPO = Path(__file__).resolve().parents[1]
+SUBPACKAGES = ("artifact", "models", "export", "plugins", "server", "training", "bench")
 BEFORE_ISSUE_13 = "4802bdc1e6712b4599c0e5ad813de39aa926d62c"  # main just before issue 13's front-end work
 
 

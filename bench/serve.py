@@ -206,7 +206,7 @@ def bench_serve(artifact_dir: Path, *, requests: int = 240, concurrency: tuple[i
     naive: list[LoadResult] = []
     with server_process(["-m", "irpe.cli", "serve", str(artifact_dir), "--port", str(ports[0]),
                          "--log-level", "warning", *server_args], ports[0]) as p0, \
-            server_process(["-m", "irpe.benchmarks.naive_server", str(artifact_dir), str(ports[1])], ports[1]) as p1:
+            server_process(["-m", "irpe.bench.naive_server", str(artifact_dir), str(ports[1])], ports[1]) as p1:
         for _ in range(rounds):
             raws.append(raw_throughput(runners, art.preprocess.crop, seconds=raw_seconds))
             for c in concurrency:

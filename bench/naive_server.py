@@ -3,7 +3,7 @@
 It is what one writes first: a sync endpoint (FastAPI's thread pool), decode + the reference preprocessing
 (Pillow's resize and crop, same pixels as the served path),
 ``session.run`` on a batch of one with ONNX Runtime's default session options.
-Run: ``python -m irpe.benchmarks.naive_server ARTIFACT_DIR PORT``.
+Run: ``python -m irpe.bench.naive_server ARTIFACT_DIR PORT``.
 """
 
 from __future__ import annotations
