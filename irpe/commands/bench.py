@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from irpe.commands import CLIError
+
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks that print ratios measured side by side")
@@ -37,18 +39,12 @@ def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         """Parse the lists, run the bench, print the table."""
         from irpe.bench.cpu import format_table, run_cpu_bench
-        from irpe.commands import CLIError
 
-        try:
-            batches = [int(b) for b in args.batch.split(",") if b.strip()]
-        except ValueError:
-            raise CLIError(f"--batch must be a comma list of integers, got {args.batch!r}") from None
+        batches = _ints(args.batch, "--batch")
         if not batches or min(batches) < 1 or args.repeats < 1 or args.warmup < 0 or args.calibration_size < 1:
             raise CLIError("--batch values, --repeats and --calibration-size must be >= 1, --warmup >= 0")
-        split = [m.strip().lower() for m in args.models.split(",") if m.strip()]
-        paths = [m.strip().lower() for m in args.paths.split(",") if m.strip()]
-        rows, notes = run_cpu_bench(split, batches, paths=paths, repeats=args.repeats, warmup=args.warmup,
-                                    threads=args.threads, img_size=args.img_size,
+        rows, notes = run_cpu_bench(_names(args.models), batches, paths=_names(args.paths), repeats=args.repeats,
+                                    warmup=args.warmup, threads=args.threads, img_size=args.img_size,
                                     calibration_size=args.calibration_size, scope=args.int8_scope,
                                     served=args.served)
         print(format_table(rows))
@@ -73,17 +69,12 @@ def add_export_bench(bsub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         """Validate the options, run the side-by-side benchmark, print the table."""
-        from irpe.commands import CLIError
         from irpe.export.bench import format_table, run_export_bench
 
-        try:
-            batches = [int(b) for b in args.batch.split(",") if b.strip()]
-        except ValueError:
-            raise CLIError(f"--batch must be a comma list of integers, got {args.batch!r}") from None
+        batches = _ints(args.batch, "--batch")
         if not batches or min(batches) < 1 or args.repeats < 1 or args.warmup < 0:
             raise CLIError("--batch values and --repeats must be >= 1, --warmup >= 0")
-        models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
-        print(format_table(run_export_bench(models, batches, repeats=args.repeats, warmup=args.warmup,
+        print(format_table(run_export_bench(_names(args.models), batches, repeats=args.repeats, warmup=args.warmup,
                                             threads=args.threads or None, img_size=args.img_size,
                                             reference=not args.no_reference)))
         return 0
@@ -106,9 +97,9 @@ def add_serve_bench(bsub: argparse._SubParsersAction) -> None:
             return _run_frontend(args)
         from irpe.bench.serve import run_bench
 
-        levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
+        levels = tuple(_ints(args.concurrency, "--concurrency"))
         if not levels or min(levels) < 1 or args.requests < 1:
-            raise ValueError("--concurrency needs positive integers and --requests must be >= 1")
+            raise CLIError("--concurrency needs positive integers and --requests must be >= 1")
         run_bench(args.artifact, args.requests, levels, tuple(args.server_arg))
         return 0
 
@@ -128,9 +119,9 @@ def add_latency_bench(bsub: argparse._SubParsersAction) -> None:
         """Parse the levels and run the latency benchmark."""
         from irpe.bench.latency import run_latency
 
-        levels = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
+        levels = tuple(_ints(args.concurrency, "--concurrency"))
         if not levels or min(levels) < 1 or args.requests < 1:
-            raise ValueError("--concurrency needs positive integers and --requests must be >= 1")
+            raise CLIError("--concurrency needs positive integers and --requests must be >= 1")
         run_latency(args.artifact, args.requests, levels, args.baseline_pythonpath, tuple(args.server_arg))
         return 0
 
@@ -171,14 +162,9 @@ def _add_frontend_options(p: argparse.ArgumentParser) -> None:
 
 def _run_frontend(args: argparse.Namespace) -> int:
     from irpe.bench.frontend import run_frontend_bench
-    from irpe.commands import CLIError
 
-    try:
-        counts = [int(n) for n in args.frontends.split(",") if n.strip()]
-        images = [int(n) for n in args.images_per_request.split(",") if n.strip()]
-        conc = max(int(c) for c in args.concurrency.split(",") if c.strip())
-    except ValueError:
-        raise CLIError("--frontends, --images-per-request and --concurrency take comma lists of integers") from None
+    counts, images = _ints(args.frontends, "--frontends"), _ints(args.images_per_request, "--images-per-request")
+    conc = max(_ints(args.concurrency, "--concurrency"), default=0)
     if min(counts + images + [conc, args.requests]) < 0 or min(images + [conc, args.requests]) < 1:
         raise CLIError("--frontends must be >= 0; --images-per-request, --concurrency, --requests >= 1")
     from irpe.bench.baseline import BEFORE_ISSUE_13
@@ -202,8 +188,21 @@ def add_repository_bench(bsub: argparse._SubParsersAction) -> None:
         from irpe.bench.repository import run_repo_bench
 
         if args.requests < 2 or args.concurrency < 2:
-            raise ValueError("--requests and --concurrency must be >= 2")
+            raise CLIError("--requests and --concurrency must be >= 2")
         run_repo_bench(args.artifact, args.requests, args.concurrency, tuple(args.server_arg))
         return 0
 
     p.set_defaults(func=run)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    """A comma list of integers (empty items skipped); otherwise an error naming ``flag``."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise CLIError(f"{flag} must be a comma list of integers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    """A comma list of names, lower case (empty items skipped)."""
+    return [v.strip().lower() for v in text.split(",") if v.strip()]

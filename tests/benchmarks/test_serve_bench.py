@@ -32,3 +32,17 @@ def test_bench_serve_reports_every_figure(artifact: Path) -> None:
     assert rep.naive.errors == 0 and rep.naive.concurrency == 4
     text = format_report(rep)
     assert "served/raw" in text and "served/naive" in text and "naive" in text
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--concurrency", "1,z"], "--concurrency must be a comma list of integers, got '1,z'"),
+    (["latency", "--concurrency", "0"], "--concurrency needs positive integers"),
+    (["serve", "--frontend", "--images-per-request", "1,four"], "--images-per-request must be a comma list"),
+    (["export", "--batch", "1;8"], "--batch must be a comma list of integers, got '1;8'"),
+])
+def test_bad_lists_are_one_line_errors_naming_the_flag(argv: list[str], message: str, capsys) -> None:
+    from irpe.cli import main
+
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
