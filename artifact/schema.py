@@ -1,8 +1,9 @@
 """model.json: everything a runtime needs to serve an exported model without torch.
 
 An artifact directory holds ``model.json`` and the files it names (``model.onnx``, optionally
-``model.plan``). :func:`load_artifact` validates the JSON and the checksums; every error names the
-file, what was found and the fix.
+``model.plan``). :func:`load_artifact` validates the JSON and the checksums, and refuses an ONNX file that keeps
+tensors in other files (ONNX external data, which no checksum covers); every error names the file, what was
+found and the fix.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
+
+from .onnx_scan import TooDeep, external_tensors
 
 ARTIFACT_FORMAT_VERSION = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -237,7 +240,24 @@ def load_artifact(directory: str | Path, verify_checksum: bool = True) -> ModelA
                                 "re-run `irpe export` (or set it to the file's sha256)")
         for role, (name, digest) in art.files().items():
             verify_file(directory / name, digest, path, required=role == "onnx")
+        refuse_external_data(onnx_path)
     return art
+
+
+def refuse_external_data(onnx_path: Path) -> None:
+    """ArtifactError when the ONNX file keeps tensors in other files (see :mod:`.onnx_scan`): only the
+    checksummed .onnx is verified, and runtimes keep external data mapped, so it could change unchecked."""
+    try:
+        external = external_tensors(onnx_path)
+    except TooDeep as e:
+        raise ArtifactError(f"{onnx_path}: {e}; re-run `irpe export`") from None
+    if external:
+        where = ", ".join(f"{t.name!r} in {t.location or '(no location)'!r}" for t in external[:3])
+        raise ArtifactError(f"{onnx_path}: {len(external)} tensor(s) kept outside the file as ONNX external data "
+                            f"({where}{', ...' if len(external) > 3 else ''}), which is refused: an artifact is one "
+                            "checksummed .onnx and runtimes map external data files, so a later write would change "
+                            "a loaded model unchecked; save the data inside the file (onnx.save(onnx.load(path), "
+                            "path), models under 2 GB) or re-run `irpe export`")
 
 
 def verify_file(file: Path, digest: str, source: Path, required: bool = True) -> None:
