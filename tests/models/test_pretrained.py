@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import threading
 from collections.abc import Iterator
@@ -23,10 +24,14 @@ FILE = f"{NAME}.pth"
 
 @dataclass
 class Zoo:
-    """What the test server serves and what it saw."""
+    """What the test server serves, how it misbehaves, and what it saw."""
 
     files: dict[str, bytes]
     truncate_next: int = 0  # requests whose body stops halfway (Content-Length still says the full size)
+    cut_next_at: int = 0  # the next body stops after this many bytes (then the connection closes)
+    ignore_if_range: bool = False  # answer every Range with 206, whatever If-Range says
+    etag: str | None = None  # a fixed ETag for every version of the file (None: one per content)
+    no_length: bool = False  # no Content-Length: the body ends when the connection closes
     ranges: list[str | None] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     url: str = ""
@@ -44,10 +49,10 @@ def _handler(zoo: Zoo) -> type[BaseHTTPRequestHandler]:
             if body is None:
                 self.send_error(404, "Not Found")
                 return
-            etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+            etag = zoo.etag or '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
             start, status = 0, 200
             rng = self.headers.get("Range")
-            if rng and self.headers.get("If-Range", etag) == etag:
+            if rng and (zoo.ignore_if_range or self.headers.get("If-Range", etag) == etag):
                 start = int(rng.removeprefix("bytes=").split("-")[0])
                 if start >= len(body):
                     self.send_response(416)
@@ -56,7 +61,8 @@ def _handler(zoo: Zoo) -> type[BaseHTTPRequestHandler]:
                     return
                 status = 206
             self.send_response(status)
-            self.send_header("Content-Length", str(len(body) - start))
+            if not zoo.no_length:
+                self.send_header("Content-Length", str(len(body) - start))
             self.send_header("ETag", etag)
             if status == 206:
                 self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
@@ -65,6 +71,9 @@ def _handler(zoo: Zoo) -> type[BaseHTTPRequestHandler]:
             if zoo.truncate_next:
                 zoo.truncate_next -= 1
                 payload = payload[: len(payload) // 2]
+                self.close_connection = True
+            if zoo.cut_next_at:
+                payload, zoo.cut_next_at = payload[: zoo.cut_next_at], 0
                 self.close_connection = True
             self.wfile.write(payload)
 
@@ -81,9 +90,9 @@ def checkpoint_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return path.read_bytes()
 
 
-@pytest.fixture
-def zoo(checkpoint_bytes: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Zoo]:
-    state = Zoo(files={FILE: checkpoint_bytes})
+@contextlib.contextmanager
+def _mirror(state: Zoo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Zoo]:
+    """A real HTTP mirror on 127.0.0.1 serving ``state``; IRPE_MODEL_MIRROR and IRPE_CACHE point at it."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -96,6 +105,12 @@ def zoo(checkpoint_bytes: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def zoo(checkpoint_bytes: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Zoo]:
+    with _mirror(Zoo(files={FILE: checkpoint_bytes}), tmp_path, monkeypatch) as state:
+        yield state
 
 
 def _cache_files(tmp_path: Path) -> list[str]:
@@ -126,6 +141,9 @@ def test_truncated_body_keeps_only_the_part_file_and_resumes_with_a_range(zoo: Z
     path = pt.download_pretrained(NAME, progress=False)
     assert zoo.ranges == [None, f"bytes={half}-"]
     assert path.read_bytes() == zoo.files[FILE]
+    assert _cache_files(tmp_path) == [FILE, f"{FILE}.unpinned"]  # made of two responses: not pinned
+    assert pt.download_pretrained(NAME, progress=False).read_bytes() == zoo.files[FILE]
+    assert zoo.ranges == [None, f"bytes={half}-", None]  # downloaded again, whole: pinned
     assert _cache_files(tmp_path) == [FILE, f"{FILE}.sha256"]
 
 
