@@ -65,7 +65,7 @@ def offline_labels(artifact_dir: Path, blobs: list[bytes]) -> list[str]:
     import onnxruntime as ort
 
     from irpe.artifact import load_artifact
-    from irpe.server.decode import prepare
+    from irpe.server.pipeline.decode import prepare
 
     art = load_artifact(artifact_dir)
     sess = ort.InferenceSession(str(Path(artifact_dir) / art.onnx_file), providers=["CPUExecutionProvider"])

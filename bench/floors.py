@@ -32,9 +32,9 @@ def measure_floors(artifact: Path, payload: bytes) -> dict[str, float]:
     from irpe.artifact import load_artifact
     from irpe.artifact.preprocess import preprocess_image
     from irpe.server.config import Settings
-    from irpe.server.decode import decode_image, prepare
-    from irpe.server.engine import load_engine
+    from irpe.server.engines import load_engine
     from irpe.server.memory import fix_mmap_threshold
+    from irpe.server.pipeline.decode import decode_image, prepare
 
     fix_mmap_threshold()
     art = load_artifact(artifact)

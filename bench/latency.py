@@ -38,7 +38,7 @@ def raw_batch1_ms(artifact_dir: Path, calls: int = 100) -> float:
     """p50 latency (ms) of one batch-1 engine call, the engine built as ``irpe serve`` builds it."""
     from irpe.artifact import load_artifact
     from irpe.server.config import Settings
-    from irpe.server.engine import load_engine
+    from irpe.server.engines import load_engine
 
     art = load_artifact(artifact_dir)
     s = Settings.from_env(env={}, artifact_dir=str(artifact_dir))

@@ -89,7 +89,7 @@ def raw_runners(artifact_dir: Path, max_batch: int = 16) -> list[Runner]:
 
     from irpe.artifact import load_artifact
     from irpe.server.config import Settings
-    from irpe.server.engine import load_engine
+    from irpe.server.engines import load_engine
 
     art = load_artifact(artifact_dir)
     s = Settings.from_env(env={}, artifact_dir=str(artifact_dir))

@@ -7,6 +7,9 @@ are queued, the oldest has waited ``max_wait_ms`` or the engine becomes idle. It
 warmed-up batch size that fits, runs the engine and hands each row back to the loop. Images whose
 request already gave up (deadline, disconnect) are skipped. ``stop(drain=True)`` finishes what is queued.
 Counters for ``/v2/models/{m}/stats`` are kept in ``stats`` (:class:`~.stats.ModelStats`).
+
+:class:`BatchQueue` is the surface the request pipeline sees; :class:`Batcher` (here, in this process) and
+:class:`~.ipc.link.RemoteBatcher` (a queue in the engine process of ``--frontends``) implement it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -47,6 +51,29 @@ class Result:
     queue_s: float
     inference_s: float
     batch_size: int
+
+
+class BatchQueue(Protocol):
+    """Where a model version's images wait for the engine: what the request pipeline and the hosts use."""
+
+    max_queue: int
+    stats: ModelStats
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def alive(self) -> bool:
+        """False once the queue can no longer answer (an inference thread died, the engine process left)."""
+        ...
+
+    def start(self) -> None: ...
+
+    async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]: ...
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None: ...
 
 
 @dataclass
@@ -113,6 +140,10 @@ class Batcher:
     def depth(self) -> int:
         """Images waiting now."""
         return len(self._queue)
+
+    def alive(self) -> bool:
+        """False when an inference thread died (an error outside the engine call) while not stopping."""
+        return self._stopping or not any(t.ident is not None and not t.is_alive() for t in self._threads)
 
     def start(self) -> None:
         """Start the inference thread(s)."""

@@ -32,3 +32,15 @@ class Metrics:
     def render(self) -> bytes:
         """Text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class MultiprocessMetrics(Metrics):
+    """Metrics whose values live in ``PROMETHEUS_MULTIPROC_DIR`` (every process of ``--frontends``);
+    ``render()`` adds up every process."""
+
+    def render(self) -> bytes:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry)

@@ -97,7 +97,7 @@ def test_rpe_plugin_export_with_the_export_extra_alone(tmp_path):
 def test_gpu_extra_is_named_when_onnxruntime_has_no_cuda():
     import onnxruntime as ort
 
-    from irpe.server.engine import EngineError, OrtEngine
+    from irpe.server.engines.onnxruntime import EngineError, OrtEngine
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("no GPU: this onnxruntime has CUDA, the message is for CPU-only builds")

@@ -188,8 +188,8 @@ def quickstart(checkpoint: str | Path | None = None, data_dir: str | Path | None
     if output is not None:
         artifact = copy_artifact(artifact, output)
     if serve:
-        from irpe.server.app import serve as run_server
         from irpe.server.config import Settings
+        from irpe.server.launch import serve as run_server
 
         _say(f"serving {artifact} on http://{host}:{port}", progress)
         run_server(Settings.from_env(artifact_dir=str(artifact), host=host, port=port))

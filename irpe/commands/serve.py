@@ -96,9 +96,9 @@ def run_serve(args: argparse.Namespace) -> int:
     """Build Settings (flags > IRPE_* > defaults), check the artifact, serve."""
     from irpe.artifact import load_artifact
     from irpe.artifact.builtin import resolve_artifact_dir
-    from irpe.server.app import serve
     from irpe.server.config import Settings
-    from irpe.server.repo_layout import check_layout, is_plain_artifact
+    from irpe.server.hosting.layout import check_layout, is_plain_artifact
+    from irpe.server.launch import serve
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
@@ -153,9 +153,9 @@ def run_classify(args: argparse.Namespace) -> int:
 
 
 def _classify(args: argparse.Namespace, artifact_dir: Path) -> int:
-    from irpe.server.engine import EngineError
+    from irpe.server.engines import EngineError
     from irpe.server.errors import APIError
-    from irpe.server.local import classify_files, format_table
+    from irpe.server.pipeline.offline import classify_files, format_table
 
     try:
         name, preds = classify_files(args.images, artifact_dir, k=args.top_k, backend=args.backend,

@@ -24,9 +24,9 @@ from tests.server.helpers import encode, free_port, image, make_artifact
 
 SERVER = """
 import sys, uvicorn
-from irpe.server.app import create_app
+from irpe.server.http.app import create_app
 from irpe.server.config import Settings
-from irpe.server.protocol import protocol_factory
+from irpe.server.http.protocol import protocol_factory
 settings = Settings(artifact_dir=sys.argv[1], port=int(sys.argv[2]), max_wait_ms=0, log_level="warning")
 http = {"httptools": "httptools", "bounded": protocol_factory(settings), "h11": "h11"}[sys.argv[3].split("-")[0]]
 uvicorn.run(create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning", http=http,

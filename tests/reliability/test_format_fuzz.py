@@ -24,8 +24,8 @@ import pytest
 from PIL import Image, features
 
 from irpe.artifact import Preprocess
-from irpe.server.decode import PixelBudget, prepare
 from irpe.server.errors import APIError
+from irpe.server.pipeline.decode import PixelBudget, prepare
 from tests.reliability import hostile
 from tests.reliability.procs import ServerProcess
 from tests.reliability.record import record

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from irpe.artifact import Preprocess
-from irpe.server.decode import prepare
 from irpe.server.errors import APIError
+from irpe.server.pipeline.decode import prepare
 from tests.reliability.procs import ServerProcess
 from tests.reliability.record import record
 from tests.server.helpers import CROP, encode, image

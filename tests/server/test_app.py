@@ -272,7 +272,7 @@ def test_text_fields_under_other_names_are_ignored(server_url: str) -> None:
 
 def test_top_k_orders_like_a_stable_argsort() -> None:
     """The O(n) selection returns exactly the first k of a stable argsort, ties included."""
-    from irpe.server.routes import top_k
+    from irpe.server.pipeline.topk import top_k
 
     rng = np.random.default_rng(0)
     for trial in range(300):

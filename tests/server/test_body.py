@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers, UploadFile
 
-from irpe.server.body import ImageFormParser, split_files
+from irpe.server.http.body import ImageFormParser, split_files
 
 BOUNDARY = "irpe-b0undary"
 CTYPE = f"multipart/form-data; boundary={BOUNDARY}"

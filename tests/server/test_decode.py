@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from irpe.server.decode import decode_image, open_image
 from irpe.server.errors import APIError
+from irpe.server.pipeline.decode import decode_image, open_image
 from tests.server.helpers import encode, image
 
 LIMIT = 10_000_000
@@ -117,7 +117,7 @@ def test_small_baseline_jpeg_reads_the_frame_header_only() -> None:
 
     from PIL import Image
 
-    from irpe.server.decode import INLINE_PIXELS, small_baseline_jpeg
+    from irpe.server.pipeline.decode import INLINE_PIXELS, small_baseline_jpeg
 
     def jpeg(w: int, h: int, **options: object) -> bytes:
         buf = io.BytesIO()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from irpe.artifact import load_artifact, save_artifact
-from irpe.server.engine import EngineError, batch_sizes, load_engine, warm_up
+from irpe.server.engines import EngineError, batch_sizes, load_engine, warm_up
 from tests.server.helpers import expected_logits
 
 
@@ -56,7 +56,7 @@ def test_cuda_without_a_driver_is_one_line_naming_the_fix() -> None:
     """--device cuda on a host (or container started without --gpus) that has no NVIDIA driver."""
     import ctypes
 
-    from irpe.server.engine import _require_cuda_driver
+    from irpe.server.engines.onnxruntime import _require_cuda_driver
 
     try:
         ctypes.CDLL("libcuda.so.1")

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from irpe.server.fastpath import classify_params
+from irpe.server.http.classify import classify_params
 from tests.server.helpers import encode, image, running_server
 
 

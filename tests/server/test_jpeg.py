@@ -10,8 +10,8 @@ from PIL import Image
 
 from irpe.artifact import Preprocess
 from irpe.artifact.preprocess import preprocess_image
-from irpe.server import decode, jpeg
 from irpe.server.errors import APIError
+from irpe.server.pipeline import decode, jpeg
 
 MAX_PIXELS = 40_000_000
 

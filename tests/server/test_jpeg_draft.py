@@ -15,7 +15,7 @@ from irpe.artifact import Preprocess
 from irpe.artifact.preprocess import preprocess_image
 from irpe.cli import build_parser
 from irpe.server.config import Settings
-from irpe.server.decode import decode_image, prepare
+from irpe.server.pipeline.decode import decode_image, prepare
 from tests.server.helpers import encode, image, running_server
 
 LIMIT = 40_000_000

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from irpe.artifact import load_artifact
-from irpe.server import kserve_codec as codec
-from irpe.server.kserve import _decode
+from irpe.server.http import kserve_codec as codec
+from irpe.server.http.kserve import _decode
 from tests.reliability.procs import ServerProcess, serving
 
 MODEL = "tiny-mean"

@@ -88,7 +88,7 @@ def test_app_and_inference_import_no_torch(tiny_artifact: Path) -> None:
         with running_server({str(tiny_artifact)!r}) as url:
             r = httpx.post(url + "/classify", content=encode(image()), headers={{"content-type": "image/png"}})
             assert r.status_code == 200, r.text
-        import irpe.server.app, irpe.server.local, irpe.server.kserve
+        import irpe.server.http.app, irpe.server.pipeline.offline, irpe.server.http.kserve
         bad = [m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith({FORBIDDEN[1:]!r})]
         assert not bad, bad
         print("TORCH-FREE")

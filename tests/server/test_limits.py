@@ -17,10 +17,11 @@ from PIL import Image
 
 from irpe.server.batching import Batcher
 from irpe.server.config import Settings, cgroup_cpu_quota, is_loopback
-from irpe.server.decode import PixelBudget, _sixteen_to_l, jpeg_scans
 from irpe.server.errors import APIError
-from irpe.server.protocol import protocol_factory
-from irpe.server.state import ServerState
+from irpe.server.hosting.host import ModelVersion
+from irpe.server.http.protocol import protocol_factory
+from irpe.server.pipeline.decode import PixelBudget, _sixteen_to_l, jpeg_scans
+from irpe.server.pipeline.service import Service, local_service
 from tests.reliability.hostile import scan_bomb
 from tests.server.helpers import encode, image
 
@@ -132,10 +133,12 @@ class _Ready:
     info = None
 
 
-def _ready_state(**settings: object) -> ServerState:
-    state = ServerState(Settings(**settings))  # type: ignore[arg-type]
-    state.art, state.ready = object(), True  # type: ignore[assignment]
-    state.batcher = Batcher(lambda x: x, sizes=[1], max_wait_ms=1, max_queue=8)
+def _ready_state(batcher: Batcher | None = None, **settings: object) -> Service:
+    """A ready service whose default model (one version) queues on ``batcher``."""
+    state = local_service(Settings(**settings))  # type: ignore[arg-type]
+    batcher = batcher or Batcher(lambda x: x, sizes=[1], max_wait_ms=1, max_queue=8)
+    state.host.records["m"] = {1: ModelVersion("m", 1, Path("."), batcher=batcher, state="READY")}
+    state.host.started, state.ready = True, True
     return state
 
 
@@ -157,17 +160,17 @@ def test_dead_inference_worker_turns_unready() -> None:
     def bad(x: np.ndarray) -> np.ndarray:
         return np.zeros((0, 10), np.float32)  # fewer rows than images: IndexError outside the engine call
 
-    state = _ready_state()
-    state.batcher = Batcher(bad, sizes=[1], max_wait_ms=1, max_queue=8)
-    state.batcher.start()
+    batcher = Batcher(bad, sizes=[1], max_wait_ms=1, max_queue=8)
+    state = _ready_state(batcher)
+    batcher.start()
     import asyncio
 
     async def submit() -> None:
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(state.batcher.submit([np.zeros(3, np.float32)]), 1.0)
+            await asyncio.wait_for(batcher.submit([np.zeros(3, np.float32)]), 1.0)
 
     asyncio.run(submit())
-    state.batcher._threads[0].join(5)
+    batcher._threads[0].join(5)
     with pytest.raises(APIError) as e:
         state.require_ready()
     assert e.value.status == 503 and "worker" in e.value.message and not state.ready
@@ -188,9 +191,9 @@ def test_limit_settings_are_validated() -> None:
 def test_health_shows_failure_text_only_with_the_key() -> None:
     from starlette.requests import Request
 
-    from irpe.server.routes import _failure
+    from irpe.server.http.routes import _failure
 
-    state = ServerState(Settings(api_key="k"))
+    state = local_service(Settings(api_key="k"))
     state.failure = "warm-up failed: /secret/path/model.onnx"
 
     def req(*headers: tuple[bytes, bytes]) -> Request:
@@ -199,6 +202,6 @@ def test_health_shows_failure_text_only_with_the_key() -> None:
     assert "/secret" not in _failure(req(), state)
     assert "/secret" not in _failure(req((b"authorization", b"Bearer nope")), state)
     assert _failure(req((b"authorization", b"Bearer k")), state) == state.failure
-    open_state = ServerState(Settings())
+    open_state = local_service(Settings())
     open_state.failure = state.failure
     assert _failure(req(), open_state) == state.failure  # no key set: nothing to hide it behind

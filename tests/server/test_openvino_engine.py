@@ -14,8 +14,8 @@ import pytest
 
 from irpe.artifact import load_artifact, save_artifact
 from irpe.export import export_artifact
-from irpe.server.engine import EngineError, load_engine
-from irpe.server.openvino_engine import cpu_has_bf16, import_openvino
+from irpe.server.engines import EngineError, load_engine
+from irpe.server.engines.openvino import cpu_has_bf16, import_openvino
 from tests.export.int8_helpers import digits_arrays, digits_checkpoint, export_int8
 from tests.server.helpers import encode, running_server
 
@@ -129,7 +129,7 @@ def test_int8_artifact_served_unchanged_reports_backend_and_precision(artifacts)
 
 def test_precision_rules_and_setting(artifacts) -> None:
     from irpe.server.config import Settings
-    from irpe.server.openvino_engine import resolve_precision
+    from irpe.server.engines.openvino import resolve_precision
 
     art = load_artifact(artifacts[0])
     assert resolve_precision("bf16", art, has_bf16=False) == "fp32"  # no native bf16: fp32 (and a log line)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irpe.server.repo_layout import RepositoryError, VersionPolicy, check_layout, read_config, scan
-from irpe.server.repository import InferenceSlots
+from irpe.server.hosting.layout import RepositoryError, VersionPolicy, check_layout, read_config, scan
+from irpe.server.hosting.local import InferenceSlots
 from tests.server.helpers import make_artifact
 
 
@@ -87,11 +87,11 @@ def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path
 
     from irpe.server.config import Settings
     from irpe.server.errors import APIError
-    from irpe.server.state import ServerState
+    from irpe.server.pipeline.service import local_service
 
     make_artifact(tmp_path / "a" / "1")
     make_artifact(tmp_path / "b" / "1")
-    state = ServerState(Settings(artifact_dir=str(tmp_path), inference_threads=1))
+    state = local_service(Settings(artifact_dir=str(tmp_path), inference_threads=1))
     state.load()
     state.warm()
     try:
@@ -110,6 +110,6 @@ def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path
             assert e.value.status == 503 and "worker thread stopped" in e.value.message
         with state.use("a") as other:
             assert other.ready and state.ready  # the default model and the server are unaffected
-        assert {r["name"]: r["state"] for r in state.repo.index()} == {"a": "READY", "b": "UNAVAILABLE"}
+        assert {r["name"]: r["state"] for r in state.host.index()} == {"a": "READY", "b": "UNAVAILABLE"}
     finally:
         state.shutdown()

@@ -7,7 +7,8 @@ import socket
 
 import numpy as np
 
-from irpe.server.shm import SlotPool, attach, pack, recv_frame
+from irpe.server.ipc.slots import SlotPool, attach
+from irpe.server.ipc.wire import pack, recv_frame
 
 
 def _child_sum(desc: dict, slot: int, out: multiprocessing.Queue) -> None:

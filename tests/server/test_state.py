@@ -1,4 +1,4 @@
-"""Where ServerState decodes: small baseline JPEGs on the event loop, everything else in the decode pool."""
+"""Where the Service decodes: small baseline JPEGs on the event loop, everything else in the decode pool."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irpe.server import state as state_module
 from irpe.server.config import Settings
+from irpe.server.pipeline import service as state_module
 from tests.server.helpers import encode, image
 
 
 def _decode(settings: Settings, blobs: list[bytes]) -> list[np.ndarray]:
     async def run() -> list[np.ndarray]:
-        st = state_module.ServerState(settings)
+        st = state_module.local_service(settings)
         st.load()
         st.warm()
         try:

@@ -62,8 +62,8 @@ def _poll(url: str, status: int, timeout: float = 30.0) -> httpx.Response:
 
 
 def test_warm_up_failure_leaves_every_route_not_ready(tmp_path: Path) -> None:
-    from irpe.server.app import create_app
     from irpe.server.config import Settings
+    from irpe.server.http.app import create_app
 
     art = batch_one_only(tmp_path / "a")
     cfg = Settings.from_env(env={}, artifact_dir=str(art), max_batch=4, log_level="warning")
@@ -87,13 +87,13 @@ def test_warm_up_failure_leaves_every_route_not_ready(tmp_path: Path) -> None:
 
 def test_batcher_stopping_under_a_request_is_shutting_down_503(tiny_artifact: Path) -> None:
     """The drain window: the request passed the ready check, then the batcher stopped (SIGTERM)."""
-    from irpe.server.app import create_app
     from irpe.server.config import Settings
+    from irpe.server.http.app import create_app
 
     app = create_app(Settings.from_env(env={}, artifact_dir=str(tiny_artifact), log_level="warning"))
     with serving_app(app) as url:
         wait_ready(url)
-        app.state.irpe.batcher.stop(drain=True, timeout=5)  # what the lifespan does on SIGTERM
+        app.state.irpe.host.newest("tiny-mean").batcher.stop(drain=True, timeout=5)  # what the lifespan does on SIGTERM
         r = httpx.post(url + "/classify", content=encode(image()), headers=PNG)
     assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
     assert r.headers["retry-after"] == "1"

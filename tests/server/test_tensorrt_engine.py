@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from irpe.server.engine import EngineError
-from irpe.server.tensorrt_engine import TensorRTEngine, check_build_environment
+from irpe.server.engines import EngineError
+from irpe.server.engines.tensorrt import TensorRTEngine, check_build_environment
 
 S, CLASSES, MAX_BATCH = 4, 3, 8
 

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from irpe.server.tracing import parse_traceparent, request_id_from
+from irpe.server.http.tracing import parse_traceparent, request_id_from
 from tests.reliability.procs import ServerProcess, server_env, start_server
 from tests.server.helpers import encode, free_port, image
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .config import Settings
+from ..config import Settings
 
 log = logging.getLogger("irpe.server")
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from irpe.artifact import ModelArtifact
 
-from .errors import APIError
+from ..errors import APIError
 
 DATATYPE = "FP32"
 MAX_INT_DIGITS = 20  # any count or size that fits an int64; longer integers are refused before int()

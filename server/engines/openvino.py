@@ -29,7 +29,7 @@ import numpy as np
 
 from irpe.artifact import ModelArtifact
 
-from .engine import EngineError, EngineInfo, batch_sizes
+from .base import EngineError, EngineInfo, batch_sizes
 
 log = logging.getLogger("irpe.server")
 MISSING = ("--backend openvino needs OpenVINO, which is not installed: pip install 'irpe-deploy[cpu]' "

@@ -10,8 +10,8 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
+from ..pipeline.service import Service
 from .errors import error_body_for
-from .state import ServerState
 
 log = logging.getLogger("irpe.server")
 
@@ -63,9 +63,9 @@ def _route_label(scope: Scope) -> str:
 class ObserveMiddleware:
     """Wraps the app: 401 without the key (health routes exempt), counts and times every request."""
 
-    def __init__(self, app: Any, state: ServerState):
+    def __init__(self, app: Any, service: Service):
         self.app = app
-        self.state = state
+        self.service = service
         self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -74,8 +74,8 @@ class ObserveMiddleware:
             return
         start = time.perf_counter()
         status = [500]
-        key = self.state.settings.api_key
-        allowed = self.state.allowed_hosts
+        key = self.service.settings.api_key
+        allowed = self.service.allowed_hosts
         if allowed and host_name(scope) not in allowed:
             status[0] = 421
             await send_json(send, 421, error_body_for(
@@ -98,7 +98,7 @@ class ObserveMiddleware:
         takes a lock and validates the names on every call); bounded by the routes and statuses that exist."""
         if len(self._series) > 4096:  # the route label is the route's template, the method free-form
             self._series.clear()
-        m = self.state.metrics
+        m = self.service.metrics
         return m.requests.labels(key[0], key[1], str(key[2])), m.latency.labels(key[0])
 
     async def _call(self, scope: Scope, receive: Any, send: Any, status: list[int]) -> None:

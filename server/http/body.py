@@ -8,7 +8,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header  # python-multipart's
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import APIError
+from ..errors import APIError
 
 FILE_FIELD = "file"
 RAW_TYPES = ("image/", "application/octet-stream")

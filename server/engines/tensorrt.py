@@ -23,7 +23,7 @@ import numpy as np
 
 from irpe.artifact import ModelArtifact
 
-from .engine import EngineError, EngineInfo, batch_sizes
+from .base import EngineError, EngineInfo, batch_sizes
 
 
 def _import_runtime() -> tuple[Any, Any]:

@@ -4,21 +4,16 @@ The front end owns a :class:`SlotPool` (one POSIX shared-memory block of ``slots
 input shape) and hands the engine slot numbers, never pixels: the engine attaches the block once
 (:func:`attach`) and stacks its batches straight from those views. A slot is reused only after the engine
 answered for it. Free slots are a stack, so a lightly loaded server touches only the few pages it reuses.
-Frames on the control socket are ``u32 header length, u32 data length, orjson header, raw data``.
+One pool per input shape (crop size); the frames that describe and use them are in :mod:`.wire`.
 """
 
 from __future__ import annotations
 
-import socket
-import struct
 import threading
 from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
-import orjson
-
-_FRAME = struct.Struct("<II")
 
 
 class SlotPool:
@@ -73,42 +68,3 @@ def attach(desc: dict[str, Any]) -> tuple[shared_memory.SharedMemory, np.ndarray
     shm = shared_memory.SharedMemory(name=desc["shm"])
     array = np.ndarray((int(desc["slots"]), *desc["shape"]), np.dtype(desc["dtype"]), buffer=shm.buf)
     return shm, array
-
-
-def pack(header: dict[str, Any], data: bytes = b"") -> bytes:
-    """One frame."""
-    head = orjson.dumps(header)
-    return _FRAME.pack(len(head), len(data)) + head + data
-
-
-def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes] | None:
-    """Read one frame from a blocking socket; None at EOF."""
-    raw = _recv_exactly(sock, _FRAME.size)
-    if raw is None:
-        return None
-    n_head, n_data = _FRAME.unpack(raw)
-    body = _recv_exactly(sock, n_head + n_data)
-    if body is None:
-        return None
-    return orjson.loads(body[:n_head]), body[n_head:]
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-async def read_frame(reader: Any) -> tuple[dict[str, Any], bytes] | None:
-    """Read one frame from an asyncio StreamReader; None at EOF."""
-    try:
-        raw = await reader.readexactly(_FRAME.size)
-        n_head, n_data = _FRAME.unpack(raw)
-        body = await reader.readexactly(n_head + n_data)
-    except (EOFError, OSError):  # IncompleteReadError is an EOFError
-        return None
-    return orjson.loads(body[:n_head]), body[n_head:]

@@ -23,8 +23,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from irpe.artifact import Preprocess
 from irpe.artifact.preprocess import preprocess_image
 
+from ..errors import APIError
 from . import jpeg
-from .errors import APIError
 
 FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF", "TIFF"})
 JPEG_FORMATS = frozenset({"JPEG", "MPO"})

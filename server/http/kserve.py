@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,30 +24,18 @@ from fastapi.responses import JSONResponse, Response
 import irpe
 from irpe.artifact import ModelArtifact
 
+from ..errors import APIError
+from ..hosting.host import ModelVersion
+from ..pipeline.service import Service
 from . import kserve_codec as codec
 from .body import read_limited
-from .errors import APIError, v2_error_responses
-from .repository import ModelVersion
-from .routes import served
-from .state import ServerState, get_state
+from .errors import v2_error_responses
+from .routes import service_of
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 HEADER_LEN = "inference-header-content-length"
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "model_repository", "statistics",
               "parameters"]
-
-
-def _model(state: ServerState, name: str, version: str | None = None) -> ModelVersion:
-    """The served version asked for (no version: the newest); 404 for an unknown model or version."""
-    if state.repo is not None and state.started:
-        return state.repo.lookup(name, version)
-    art = state.art
-    if art is None or name != art.name or version not in (None, "", "1"):
-        served = art.name if art else "none"
-        raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' version {version or '1'} "
-                       f"is not found (this server serves {served!r} version 1)")
-    return ModelVersion(art.name, 1, Path(state.settings.artifact_dir), art, state.engine, state.batcher,
-                        "READY" if state.ready else "LOADING")
 
 
 def _request_id(request: Request) -> str:
@@ -67,31 +54,32 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifac
 
 async def _infer(request: Request, name: str, version: str | None) -> Response:
     started = time.perf_counter()
-    state = get_state(request)
-    _model(state, name, version)  # 404 before 503: an unknown model is unknown while warming up too
-    with state.use(name, version) as mv:
-        return await _infer_on(request, state, mv, started)
+    service = service_of(request)
+    if not service.host.knows(name):
+        service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
+    with service.use(name, version) as mv:
+        return await _infer_on(request, service, mv, started)
 
 
-async def _infer_on(request: Request, state: ServerState, mv: ModelVersion, started: float) -> Response:
+async def _infer_on(request: Request, service: Service, mv: ModelVersion, started: float) -> Response:
     art = mv.art
     assert art is not None
-    s = state.settings
+    s = service.settings
     raw = await read_limited(request, s.max_body_bytes)
     loop = asyncio.get_running_loop()
     req, images = await loop.run_in_executor(
-        state.pool, _decode, raw, request.headers.get("content-encoding", ""), request.headers.get(HEADER_LEN),
+        service.pool, _decode, raw, request.headers.get("content-encoding", ""), request.headers.get(HEADER_LEN),
         art, s.max_body_bytes, s.max_queue)
-    results = await state.with_deadline(state.infer(list(images), mv), started)
+    results = await service.with_deadline(service.infer(list(images), mv), started)
     logits = np.stack([r.logits for r in results])  # type: ignore[attr-defined]
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
         raise codec.ProtocolError("the model output is not finite for this input (values too large?)")
-    body, json_len = await loop.run_in_executor(state.pool, codec.render, req, _request_id(request), logits, art,
+    body, json_len = await loop.run_in_executor(service.pool, codec.render, req, _request_id(request), logits, art,
                                                 mv.name, str(mv.version))
     headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}
     encoding = codec.negotiate(request.headers.get("accept-encoding"))
     if encoding:
-        body = await loop.run_in_executor(state.pool, codec.compress, body, encoding)
+        body = await loop.run_in_executor(service.pool, codec.compress, body, encoding)
         headers["Content-Encoding"] = encoding
     media = "application/json" if json_len is None else "application/octet-stream"
     return Response(body, media_type=media, headers=headers)
@@ -117,24 +105,24 @@ async def live() -> dict[str, bool]:
 @router.get("/health/ready", responses=_READY_503)
 async def ready(request: Request) -> JSONResponse:
     """Readiness (503 until warmed up, or once an inference thread has died)."""
-    state = get_state(request)
-    state.check_workers()
-    ok = state.ready
+    service = service_of(request)
+    service.check_workers()
+    ok = service.ready
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
 @router.get("/models", responses=v2_error_responses(401))
 async def list_models(request: Request) -> dict[str, list[str]]:
     """KServe's model list: the names of the served models."""
-    return {"models": sorted({mv.name for mv in served(get_state(request))})}
+    return {"models": sorted({mv.name for mv in service_of(request).host.versions()})}
 
 
-def _stats(state: ServerState, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+def _stats(service: Service, name: str | None = None, version: str | None = None) -> dict[str, Any]:
     if name is not None:
-        mine = [_model(state, name, version)] if version else \
-            [mv for mv in served(state) if mv.name == _model(state, name).name]
+        mine = [service.model(name, version)] if version else \
+            [mv for mv in service.host.versions() if mv.name == service.model(name).name]
     else:
-        mine = served(state)
+        mine = service.host.versions()
     return {"model_stats": [mv.batcher.stats.to_triton(mv.name, str(mv.version)) for mv in mine
                             if mv.batcher is not None]}
 
@@ -142,23 +130,23 @@ def _stats(state: ServerState, name: str | None = None, version: str | None = No
 @router.get("/models/stats", responses=v2_error_responses(401))
 async def all_stats(request: Request) -> dict[str, Any]:
     """Triton's statistics extension for every model (counters and nanosecond durations of the batcher)."""
-    return _stats(get_state(request))
+    return _stats(service_of(request))
 
 
 @router.get("/models/{name}/stats", responses=_MODEL_ERRORS)
 @router.get("/models/{name}/versions/{version}/stats", responses=_MODEL_ERRORS)
 async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     """Triton's statistics extension for one model."""
-    return _stats(get_state(request), name, version)
+    return _stats(service_of(request), name, version)
 
 
-def _metadata(state: ServerState, mv: ModelVersion) -> dict[str, Any]:
+def _metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
     art = mv.art
     assert art is not None
     crop = art.preprocess.crop
-    info = mv.engine.info if mv.engine else None
+    info = mv.info
     backend, precision = (info.backend, info.precision) if info else ("", None)
-    versions = sorted(m.version for m in served(state) if m.name == mv.name) or [mv.version]
+    versions = sorted(m.version for m in service.host.versions() if m.name == mv.name) or [mv.version]
     return {"name": mv.name, "versions": [str(v) for v in versions], "platform": _platform(mv)[0],
             "parameters": {"backend": backend or None, "precision": precision},
             "inputs": [{"name": art.input_name, "datatype": codec.DATATYPE, "shape": [-1, 3, crop, crop]}],
@@ -166,22 +154,22 @@ def _metadata(state: ServerState, mv: ModelVersion) -> dict[str, Any]:
 
 
 def _platform(mv: ModelVersion) -> tuple[str, str]:
-    if mv.engine and mv.engine.info.backend == "tensorrt":
+    if mv.info and mv.info.backend == "tensorrt":
         return "tensorrt_plan", "tensorrt"
-    if mv.engine and mv.engine.info.backend == "openvino":
+    if mv.info and mv.info.backend == "openvino":
         return "openvino", "openvino"
     return "onnxruntime_onnx", "onnxruntime"
 
 
-def model_config(state: ServerState, mv: ModelVersion) -> dict[str, Any]:
+def model_config(service: Service, mv: ModelVersion) -> dict[str, Any]:
     """Triton's JSON form of config.pbtxt, from model.json and what is running: ``max_batch_size`` is the
     most images one request may carry; the engine's batch sizes are the preferred batch sizes."""
     art = mv.art
     assert art is not None
-    s, info = state.settings, mv.engine.info if mv.engine else None
+    s, info = service.settings, mv.info
     platform, backend = _platform(mv)
     gpu = bool(info and info.device == "cuda")
-    policy = state.repo.policy(mv.name).to_config() if state.repo is not None else {"latest": {"num_versions": 1}}
+    policy = service.host.policy_config(mv.name)
     return {
         "name": mv.name, "platform": platform, "backend": backend, "runtime": "",
         "version_policy": policy, "max_batch_size": mv.batcher.max_queue if mv.batcher else s.max_queue,
@@ -205,16 +193,16 @@ def model_config(state: ServerState, mv: ModelVersion) -> dict[str, Any]:
 @router.get("/models/{name}/versions/{version}", responses=_MODEL_ERRORS)
 async def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     """Inputs, outputs and platform of the model."""
-    state = get_state(request)
-    return _metadata(state, _model(state, name, version))
+    service = service_of(request)
+    return _metadata(service, service.model(name, version))
 
 
 @router.get("/models/{name}/config", responses=_MODEL_ERRORS)
 @router.get("/models/{name}/versions/{version}/config", responses=_MODEL_ERRORS)
 async def get_model_config(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     """Triton's model configuration extension (the JSON form of config.pbtxt)."""
-    state = get_state(request)
-    return model_config(state, _model(state, name, version))
+    service = service_of(request)
+    return model_config(service, service.model(name, version))
 
 
 @router.get("/models/{name}/ready", responses={**_MODEL_ERRORS, **_READY_503})
@@ -222,11 +210,11 @@ async def get_model_config(request: Request, name: str, version: str | None = No
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
     """Model readiness: 200 once that model (version) is loaded and warm; 503 while it loads or after a
     failed load; 404 for a model the repository does not hold."""
-    state = get_state(request)
+    service = service_of(request)
     try:
-        ok = _model(state, name, version).ready
+        ok = service.model(name, version).ready
     except APIError:
-        if state.repo is None or name not in state.repo.dirs:
+        if name not in service.host.catalog():
             raise
         ok = False
     return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
@@ -235,22 +223,14 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
 @router.post("/repository/index", responses=v2_error_responses(401))
 async def repository_index(request: Request) -> list[dict[str, str]]:
     """Triton's model repository extension: every model and version, its state and the reason."""
-    state = get_state(request)
-    if state.repo is not None and state.started:
-        return state.repo.index()
-    return [{"name": mv.name, "version": str(mv.version), "state": "READY" if mv.ready else "UNAVAILABLE",
-             "reason": "" if mv.ready else (state.failure or "warming up")} for mv in served(state)]
+    return service_of(request).host.index()
 
 
 @router.post("/repository/models/{name}/load", responses=v2_error_responses(400, 401, 404))
 async def load_model(request: Request, name: str) -> dict[str, Any]:
     """Load (or reload) a model's versions from the repository (``--model-control explicit``): the new
     version is warmed before traffic moves to it; a failed load leaves the old one serving (400 + reason)."""
-    state = get_state(request)
-    if state.repo is None:
-        _model(state, name)
-        return {}
-    await asyncio.to_thread(state.control, name, True)
+    await asyncio.to_thread(service_of(request).control, name, True)
     return {}
 
 
@@ -258,12 +238,7 @@ async def load_model(request: Request, name: str) -> dict[str, Any]:
 async def unload_model(request: Request, name: str) -> dict[str, Any]:
     """Unload every version of a model (``--model-control explicit``): requests already running finish,
     then the engines are freed; later requests for it get 404."""
-    state = get_state(request)
-    if state.repo is None:
-        _model(state, name)
-        raise APIError(400, "unsupported", f"explicit model unload is not allowed: this front end serves "
-                       f"{name!r} for its whole life")
-    await asyncio.to_thread(state.control, name, False)
+    await asyncio.to_thread(service_of(request).control, name, False)
     return {}
 
 

@@ -1,9 +1,9 @@
 """``irpe serve --frontends N``: N HTTP front-end processes on one port feeding one engine process.
 
 The supervisor (this process) binds the listening socket once and hands it to every front end (they all
-accept on it; the kernel spreads connections), starts the engine process (:mod:`.engine_process`: the
+accept on it; the kernel spreads connections), starts the engine process (:mod:`.engine_server`: the
 model, the one batcher, the one device context) and N front ends (uvicorn + decode + preprocess, handing
-images over through shared memory, :mod:`.remote`). It then watches them:
+images over through shared memory, :mod:`.link`). It then watches them:
 
 * a front end that dies is restarted (its in-flight requests are lost with it; the others keep serving);
 * the engine dying makes every front end's /readyz answer 503 at once; the supervisor then stops the
@@ -23,57 +23,40 @@ import shutil
 import signal
 import socket
 import tempfile
-import threading
 import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from .config import Settings
+from ..config import Settings
+from ..runtime import announce, child_setup, uvicorn_config_kwargs
 
 log = logging.getLogger("irpe.server")
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
 RESTART_BACKOFF_S = 1.0
-
-
-def child_setup(name: str, settings: Settings) -> None:
-    """In a child: its own session (a terminal's Ctrl-C or a group-wide SIGTERM reaches the supervisor
-    only, which stops the front ends before the engine), die with the supervisor, name the OS threads
-    (``top -H``, CPU accounting), log."""
-    import ctypes
-
-    from .app import configure_logging
-
-    os.setsid()
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-        original = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
-
-        def named(self: threading.Thread) -> None:
-            libc.prctl(_PR_SET_NAME, ctypes.c_char_p(self.name.encode()[:15]), 0, 0, 0)
-            original(self)
-
-        threading.Thread._bootstrap_inner = named  # type: ignore[attr-defined]
-    except (OSError, AttributeError):  # not Linux: no parent-death signal, no thread names
-        pass
-    configure_logging(settings)
+SLOTS = 64  # images a front end can have handed to the engine at once (more: 503 queue_full); 38 MB at 224 px
 
 
 def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, index: int) -> None:
     """Front-end process entry point: uvicorn on the shared socket, a FrontendState inside."""
     import uvicorn
 
-    from .app import create_app, uvicorn_config_kwargs
-    from .memory import tune_gc
-    from .remote import FrontendState, MultiprocessMetrics
+    from ..hosting.remote import RemoteHost
+    from ..http.app import create_app
+    from ..memory import tune_gc
+    from ..metrics import MultiprocessMetrics
+    from ..pipeline.service import Service
+    from .link import EngineLink
 
     child_setup(f"irpe-frontend{index}", settings)
-    state = FrontendState(settings, metrics=MultiprocessMetrics(), engine_path=engine_path)
-    app = create_app(settings, state=state)
-    state.load()
+    metrics = MultiprocessMetrics()
+    slots = min(settings.max_queue, max(SLOTS, 2 * settings.resolved_max_batch()))
+    link = EngineLink(engine_path, slots, settings.timeout_s)
+    # auto: small baseline JPEGs decode on the event loop (the front-end processes are the parallelism),
+    # anything bigger or slower in one thread, so it does not stall the other requests of this process
+    service = Service(settings, RemoteHost(settings, link, metrics), metrics,
+                      decode_threads=settings.decode_threads or 1)
+    app = create_app(settings, service=service)
+    service.load()
     tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     uvicorn.Server(config).run(sockets=[sock])
@@ -112,7 +95,7 @@ class Supervisor:
         self.wake_r, self.wake_w = os.pipe()
 
     def _start_engine(self) -> None:
-        from .engine_process import engine_main
+        from .engine_server import engine_main
 
         self.engine = self.ctx.Process(target=engine_main, args=(self.settings, self.engine_path),
                                        name="irpe-engine", daemon=False)
@@ -130,8 +113,6 @@ class Supervisor:
 
     def run(self) -> int:
         """Start everything, watch until SIGTERM/SIGINT or the engine dies; the exit code."""
-        from .app import announce
-
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
         announce(self.sock.getsockname())  # --port 0: the port the kernel picked

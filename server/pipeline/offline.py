@@ -9,10 +9,10 @@ import numpy as np
 
 from irpe.artifact import load_artifact
 
+from ..engines import load_engine
+from ..errors import APIError
 from .decode import prepare
-from .engine import load_engine
-from .errors import APIError
-from .routes import top_k
+from .topk import top_k
 
 
 def classify_files(paths: list[str | Path], artifact_dir: str | Path, *, k: int = 5, backend: str = "auto",

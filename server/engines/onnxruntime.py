@@ -1,0 +1,104 @@
+"""ONNX Runtime (CPU or CUDA), the default backend.
+
+ONNX Runtime silently falls back to CPU when the CUDA libraries are missing, so the providers actually in
+use are checked after the session is built and a GPU request that ended on CPU is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from irpe.artifact import ModelArtifact
+
+from ..config import usable_cpus
+from .base import EngineError, EngineInfo, batch_sizes
+
+
+class OrtEngine:
+    """An ONNX Runtime session; a static batch dimension is honoured by padding."""
+
+    def __init__(self, onnx_path: Path, art: ModelArtifact, *, device: str, threads: int, max_batch: int):
+        import onnxruntime as ort
+        if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            _require_cuda_driver()  # before ONNX Runtime prints its own fallback errors
+
+        if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
+                              f"(available: {ort.get_available_providers()}); install the [gpu] extra: "
+                              "pip install 'irpe-deploy[gpu]' (onnxruntime-gpu)")
+        try:
+            self.session = ort.InferenceSession(str(onnx_path), _session_options(ort, threads),
+                                                providers=_providers(device))
+        except Exception as e:  # onnxruntime's own types (InvalidProtobuf, Fail, ...) for a bad file
+            raise EngineError(f"{onnx_path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[-1][:200]}); "
+                              "re-run `irpe export` or restore the file") from None
+        used = self.session.get_providers()
+        if device == "cuda" and "CUDAExecutionProvider" not in used:
+            raise EngineError("--device cuda: ONNX Runtime fell back to CPU (providers in use: "
+                              f"{used}); check the CUDA and cuDNN libraries onnxruntime-gpu was built for are on the "
+                              "library path")
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        if art.input_name not in inputs:
+            raise EngineError(f"{onnx_path}: no input {art.input_name!r} (has {sorted(inputs)}); re-export")
+        spec = inputs[art.input_name]
+        want, found = [3, art.preprocess.crop, art.preprocess.crop], list(spec.shape[1:])
+        outputs = {o.name: list(o.shape) for o in self.session.get_outputs()}
+        out_shape = outputs.get(art.output_name, [None, None])
+        if all(isinstance(d, int) for d in found) and found != want or \
+                isinstance(out_shape[-1], int) and out_shape[-1] != art.num_classes:
+            raise EngineError(f"{onnx_path}: the graph takes {spec.shape} and gives {out_shape}, but model.json "
+                              f"says crop {art.preprocess.crop} and {art.num_classes} classes; re-export the artifact")
+        self.input_name, self.output_name = art.input_name, art.output_name
+        self.dtype = np.float16 if spec.type == "tensor(float16)" else np.float32
+        self.static_batch = spec.shape[0] if isinstance(spec.shape[0], int) else 0
+        limit = min(max_batch, self.static_batch) if self.static_batch else max_batch
+        precision = "int8+fp32" if art.quantization.get("precision") == "int8" else "fp32"
+        self.info = EngineInfo("onnxruntime", device, list(used), list(spec.shape), limit, batch_sizes(limit),
+                               precision="fp16" if self.dtype == np.float16 else precision)
+
+    def run(self, images: np.ndarray) -> np.ndarray:
+        """float32 [N,3,H,W] -> float32 [N,classes]."""
+        n = images.shape[0]
+        feed = images.astype(self.dtype, copy=False)
+        if self.static_batch and n != self.static_batch:
+            pad = np.zeros((self.static_batch - n, *feed.shape[1:]), dtype=self.dtype)
+            feed = np.concatenate([feed, pad])
+        (out,) = self.session.run([self.output_name], {self.input_name: feed})
+        return np.asarray(out[:n], dtype=np.float32)
+
+
+def _session_options(ort: Any, threads: int) -> Any:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or usable_cpus()
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Image decoding runs beside inference on the same cores: idle ORT threads must not spin.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+def _providers(device: str) -> list[Any]:
+    if device == "cuda":
+        return [("CUDAExecutionProvider", {"device_id": int(os.environ.get("IRPE_CUDA_DEVICE", "0"))}),
+                "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def _require_cuda_driver() -> None:
+    """Without the NVIDIA driver, ONNX Runtime prints its own errors and falls back to CPU: say it in one line."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise EngineError("--device cuda: no NVIDIA driver here (libcuda.so.1 not found); on a GPU host run the "
+                          "container with --gpus all (NVIDIA container toolkit), or serve on the CPU with "
+                          "--device cpu (the CPU image)") from None
+

@@ -1,0 +1,109 @@
+"""``/v1/models``, health, readiness, metrics and the demo page (``POST /classify``: :mod:`.classify`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel
+
+from ..errors import APIError
+from ..hosting.host import ModelVersion
+from ..pipeline.service import Service
+from .errors import error_responses
+from .middleware import authorized
+
+STATIC = Path(__file__).with_name("static")
+router = APIRouter()
+
+class HealthStatus(BaseModel):
+    status: str
+    detail: str | None = None
+
+
+_HEALTH_503 = {503: {"model": HealthStatus, "description": "not ready / warm-up failed"}}
+
+
+def service_of(request: Request) -> Service:
+    """The Service of the app serving ``request``."""
+    return request.app.state.irpe
+
+
+def model_metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
+    """model.json facts plus what is actually running."""
+    art = mv.art
+    assert art is not None
+    info = mv.info
+    return {"name": mv.name, "version": str(mv.version), "architecture": art.architecture,
+            "img_size": art.img_size, "num_classes": art.num_classes, "labels": art.labels,
+            "preprocess": art.to_dict()["preprocess"], "opset": art.opset, "versions": art.versions,
+            "parity": art.parity, "ready": mv.ready,
+            "backend": info.backend if info else None, "device": info.device if info else None,
+            "precision": info.precision if info else None, "quantization": art.quantization,
+            "fidelity": art.fidelity,
+            "providers": info.providers if info else [], "batch_sizes": info.batch_sizes if info else [],
+            "max_wait_ms": service.settings.max_wait_ms, "jpeg_draft": service.settings.jpeg_draft}
+
+
+@router.get("/v1/models", tags=["models"], responses=error_responses(401, 500))
+async def list_models(request: Request) -> dict[str, Any]:
+    """Metadata of every served model version (from model.json) and the engine running it."""
+    service = service_of(request)
+    return {"models": [model_metadata(service, mv) for mv in service.host.versions(failed=True)]}
+
+
+@router.get("/v1/models/{name}", tags=["models"], responses=error_responses(401, 404, 500))
+async def get_model(request: Request, name: str) -> dict[str, Any]:
+    """Metadata of one model's newest version (404 for a name not served)."""
+    service = service_of(request)
+    mine = [mv for mv in service.host.versions(failed=True) if mv.name == name]
+    if not mine:
+        raise APIError(404, "model_not_found", f"no model {name!r}; see /v1/models")
+    return model_metadata(service, max(mine, key=lambda m: m.version))
+
+
+@router.get("/healthz", tags=["health"], responses={200: {"model": HealthStatus}, **_HEALTH_503})
+async def healthz(request: Request) -> JSONResponse:
+    """Liveness: the process answers (fails only if warm-up failed)."""
+    service = service_of(request)
+    service.check_workers()
+    if service.failure:
+        return JSONResponse({"status": "failed", "detail": _failure(request, service)}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+def _failure(request: Request, service: Service) -> str:
+    """The failure text for callers with the key (or when none is set); a pointer to the log otherwise."""
+    if authorized(request.scope, service.settings.api_key):
+        return service.failure
+    return "failed; details in the server log (or send the API key)"
+
+
+@router.get("/readyz", tags=["health"], responses={200: {"model": HealthStatus}, **_HEALTH_503})
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: 503 until the model is loaded and every batch size warmed up."""
+    service = service_of(request)
+    service.check_workers()
+    if not service.ready:
+        detail = _failure(request, service) if service.failure else (service.waiting or "warming up")
+        return JSONResponse({"status": "not_ready", "detail": detail}, status_code=503,
+                            headers={"Retry-After": "1"})
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", tags=["health"], responses=error_responses(401, 500))
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    service = service_of(request)
+    service.metrics.queue_depth.set(service.host.observe())
+    return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    """The demo page."""
+    return FileResponse(STATIC / "index.html", media_type="text/html")

@@ -1,0 +1,111 @@
+"""The whole wire format between the front ends and the engine process of ``--frontends``, in one place.
+
+A frame is ``u32 header length, u32 data length, orjson header, raw data`` on a Unix socket. Headers:
+
+front end -> engine
+  ``hello``   ``{"op", "pid"}``: the first frame of a link.
+  ``attach``  ``{"op", "shm", "slots", "shape", "dtype"}``: a shared-memory slot pool (:mod:`.slots`) the
+              following requests name by ``shm``.
+  infer       ``{"id", "shm", "slots", "timeout", "model", "version"}``: run the images in those slots on
+              that model version; answered by ``{"id", "q", "i", "b", "n"}`` + float32 logits, or an error.
+  ``stats``   ``{"op", "rid", "model", "version"}``: that version's Triton statistics.
+  ``control`` ``{"op", "rid", "name", "load"}``: a repository load / unload.
+  ``ack``     ``{"op", "seq"}``: status ``seq`` is applied (the front end routes accordingly).
+engine -> front end
+  ``status``  :func:`status_head`: readiness and the route table, pushed on connect and on every change.
+  ``reply``   ``{"op", "rid", ...}``: the answer to a ``stats`` or ``control`` frame.
+
+Errors cross as ``{"err": code, "msg", ...}`` (:func:`error_head`) and come back as the same exception
+(:func:`raise_error`): this is the one table between the two processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from typing import Any
+
+import orjson
+
+from ..batching import BatcherStoppedError, QueueFullError
+from ..errors import APIError
+
+_FRAME = struct.Struct("<II")
+HELLO, ATTACH, STATUS, ACK, STATS, CONTROL, REPLY = "hello", "attach", "status", "ack", "stats", "control", "reply"
+
+
+def pack(header: dict[str, Any], data: bytes = b"") -> bytes:
+    """One frame."""
+    head = orjson.dumps(header)
+    return _FRAME.pack(len(head), len(data)) + head + data
+
+
+def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes] | None:
+    """Read one frame from a blocking socket; None at EOF."""
+    raw = _recv_exactly(sock, _FRAME.size)
+    if raw is None:
+        return None
+    n_head, n_data = _FRAME.unpack(raw)
+    body = _recv_exactly(sock, n_head + n_data)
+    if body is None:
+        return None
+    return orjson.loads(body[:n_head]), body[n_head:]
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+async def read_frame(reader: Any) -> tuple[dict[str, Any], bytes] | None:
+    """Read one frame from an asyncio StreamReader; None at EOF."""
+    try:
+        raw = await reader.readexactly(_FRAME.size)
+        n_head, n_data = _FRAME.unpack(raw)
+        body = await reader.readexactly(n_head + n_data)
+    except (EOFError, OSError):  # IncompleteReadError is an EOFError
+        return None
+    return orjson.loads(body[:n_head]), body[n_head:]
+
+
+def error_head(e: BaseException) -> dict[str, Any]:
+    """The error fields of an answer for ``e`` (engine side)."""
+    if isinstance(e, APIError):
+        return {"err": "api", "status": e.status, "code": e.code, "msg": e.message, "headers": e.headers}
+    if isinstance(e, QueueFullError):
+        return {"err": "queue_full", "msg": str(e), "retry": e.retry_after}
+    if isinstance(e, BatcherStoppedError):
+        return {"err": "shutting_down", "msg": str(e)}
+    if isinstance(e, asyncio.TimeoutError):
+        return {"err": "timeout", "msg": "engine deadline passed"}
+    return {"err": "internal", "msg": f"{type(e).__name__}: {e}"[:500]}
+
+
+def raise_error(head: dict[str, Any]) -> None:
+    """Raise what :func:`error_head` sent, as the in-process pipeline raises it (front-end side)."""
+    err = head.get("err") or (head.get("status") and "api")
+    if not err:
+        return
+    msg = str(head.get("msg", ""))
+    if err == "api":
+        raise APIError(int(head["status"]), str(head.get("code", "internal")), msg, head.get("headers") or None)
+    if err == "queue_full":
+        raise QueueFullError(int(head.get("retry", 1)))
+    if err == "shutting_down":
+        raise BatcherStoppedError(msg or "server is shutting down")
+    if err == "timeout":
+        raise APIError(504, "timeout", "request not answered in time by the engine (--timeout-s)")
+    raise RuntimeError(f"engine: {msg or err}")
+
+
+def status_head(ready: bool, failure: str, table: dict[str, Any] | None) -> dict[str, Any]:
+    """A status frame's header: readiness, and once warm the route table (:meth:`RemoteHost.apply` reads it:
+    ``default``, ``catalog`` {name: [policy, error, max_queue]}, ``versions`` [[name, version, path,
+    signature, model.json dict, engine info dict]], ``index`` rows)."""
+    return {"op": STATUS, "ready": ready, "failure": failure, **({"table": table} if table is not None else {})}

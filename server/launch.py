@@ -1,0 +1,113 @@
+"""``irpe serve``: check the settings and the repository, then run one process, ``--workers N`` uvicorn
+workers, or ``--frontends N`` front-end processes over one engine process (:mod:`.ipc.supervisor`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import uvicorn
+
+from irpe.artifact import ArtifactError
+
+from .config import Settings
+from .engines import EngineError
+from .hosting.layout import is_plain_artifact, scan
+from .memory import tune_gc
+from .runtime import announce, configure_logging, uvicorn_config_kwargs
+
+
+def serve(settings: Settings) -> None:
+    """Run until SIGINT/SIGTERM (graceful: in-flight requests finish, the batchers drain)."""
+    try:
+        settings.check_exposure()
+    except ValueError as e:
+        raise SystemExit(f"irpe serve: error: {e}") from None
+    configure_logging(settings)
+    frontends = settings.frontends if settings.frontends < -1 else settings.resolved_frontends()
+    _check_repository_fits(settings, frontends)
+    if frontends:
+        from .ipc.supervisor import serve_frontends  # N HTTP processes + one engine process (issue 13)
+
+        code = serve_frontends(settings, frontends)
+        if code:
+            raise SystemExit(code)
+        return
+    if settings.workers > 1:
+        os.environ.update(settings.to_env())
+        _run_workers(settings)
+        return
+    _serve_one(settings)
+
+
+def _serve_one(settings: Settings) -> None:
+    """One process: the model loaded before uvicorn, so a bad model is one line naming the fix."""
+    from .http.app import create_app
+
+    app = create_app(settings)
+    try:
+        app.state.irpe.load()
+    except (ArtifactError, EngineError) as e:
+        raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
+    tune_gc()
+    config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    server = _AnnouncingServer(config)
+    server.run()
+    if not server.started:
+        raise SystemExit(3)
+
+
+def _check_repository_fits(settings: Settings, frontends: int) -> None:
+    """A model repository with several models or model control: refuse --workers (each worker would hold
+    its own copy; --frontends shares one engine process and forwards model control to it)."""
+    root = Path(settings.artifact_dir)
+    if not root.is_dir():
+        return
+    names = sorted(scan(root))
+    if settings.default_model and settings.default_model not in names:
+        raise SystemExit(f"irpe serve: error: --default-model {settings.default_model!r} is not in {root} "
+                         f"(models: {names}); fix --default-model")
+    if is_plain_artifact(root):
+        return
+    _check_load_model(settings, names)
+    several = len(names) > 1 or settings.model_control != "none"
+    if several and settings.workers > 1:
+        raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "
+                         "would reach only one; with several models or --model-control use --workers 1")
+
+
+def _check_load_model(settings: Settings, names: list[str]) -> None:
+    """``--load-model``: explicit model control only, names the repository holds, the default among them."""
+    if not settings.load_model:
+        return
+    if settings.model_control != "explicit":
+        raise SystemExit("irpe serve: error: --load-model picks the models loaded at startup with --model-control "
+                         f"explicit (got {settings.model_control}); add --model-control explicit")
+    startup = settings.startup_models() or []
+    missing = [n for n in startup if n not in names]
+    if missing:
+        raise SystemExit(f"irpe serve: error: --load-model {missing[0]!r} is not in {settings.artifact_dir} "
+                         f"(models: {names}); fix --load-model")
+    if startup and settings.default_model and settings.default_model not in startup:
+        raise SystemExit(f"irpe serve: error: --default-model {settings.default_model!r} is not loaded at startup "
+                         f"(--load-model {','.join(startup)}); add --load-model {settings.default_model}")
+
+
+def _run_workers(settings: Settings) -> None:
+    """``uvicorn.run(..., workers=N)``, binding the socket here so the bound port can be announced."""
+    from uvicorn.supervisors import Multiprocess
+
+    config = uvicorn.Config("irpe.server.http.app:create_app_from_env", factory=True, workers=settings.workers,
+                            **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    sock = config.bind_socket()
+    announce(sock.getsockname())
+    Multiprocess(config, sockets=[sock]).run()
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """uvicorn.Server that announces the bound address once started."""
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.servers:
+            announce(self.servers[0].sockets[0].getsockname())

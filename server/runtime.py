@@ -1,0 +1,57 @@
+"""What every server process shares: logging, the startup announcement, uvicorn's options and the setup of
+a child process of ``--frontends`` (no FastAPI here: the engine process uses this)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .config import Settings
+from .http.protocol import protocol_factory
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+
+
+def configure_logging(settings: Settings) -> None:
+    """Log lines with time and logger name at the configured level."""
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def uvicorn_config_kwargs(settings: Settings) -> dict[str, object]:
+    """Options shared by the single-process and multi-worker paths."""
+    return {"host": settings.host, "port": settings.port, "log_level": settings.log_level,
+            "access_log": settings.log_level == "debug",
+            "timeout_graceful_shutdown": int(settings.timeout_s) + 5, "http": protocol_factory(settings)}
+
+
+def announce(sock_name: tuple) -> None:
+    """One stderr line with the bound address, whatever the log level (``--port 0`` picks a free port)."""
+    print(f"irpe serve: listening on http://{sock_name[0]}:{sock_name[1]}", file=sys.stderr, flush=True)
+
+
+def child_setup(name: str, settings: Settings) -> None:
+    """In a child: its own session (a terminal's Ctrl-C or a group-wide SIGTERM reaches the supervisor
+    only, which stops the front ends before the engine), die with the supervisor, name the OS threads
+    (``top -H``, CPU accounting), log."""
+    import ctypes
+
+    os.setsid()
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+        original = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+        def named(self: threading.Thread) -> None:
+            libc.prctl(_PR_SET_NAME, ctypes.c_char_p(self.name.encode()[:15]), 0, 0, 0)
+            original(self)
+
+        threading.Thread._bootstrap_inner = named  # type: ignore[attr-defined]
+    except (OSError, AttributeError):  # not Linux: no parent-death signal, no thread names
+        pass
+    configure_logging(settings)
