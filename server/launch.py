@@ -13,8 +13,9 @@ from irpe.artifact import ArtifactError
 from .config import Settings
 from .engines import EngineError
 from .hosting.layout import is_plain_artifact, scan
+from .http.protocol import uvicorn_config_kwargs
 from .memory import tune_gc
-from .runtime import announce, configure_logging, uvicorn_config_kwargs
+from .runtime import announce, configure_logging
 
 
 def serve(settings: Settings) -> None:

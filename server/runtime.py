@@ -1,5 +1,5 @@
-"""What every server process shares: logging, the startup announcement, uvicorn's options and the setup of
-a child process of ``--frontends`` (no FastAPI here: the engine process uses this)."""
+"""What every server process shares: logging, the startup announcement, and the setup of a child process of
+``--frontends`` (no FastAPI or uvicorn here: the engine process uses this)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 import threading
 
 from .config import Settings
-from .http.protocol import protocol_factory
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -20,13 +19,6 @@ def configure_logging(settings: Settings) -> None:
     """Log lines with time and logger name at the configured level."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def uvicorn_config_kwargs(settings: Settings) -> dict[str, object]:
-    """Options shared by the single-process and multi-worker paths."""
-    return {"host": settings.host, "port": settings.port, "log_level": settings.log_level,
-            "access_log": settings.log_level == "debug",
-            "timeout_graceful_shutdown": int(settings.timeout_s) + 5, "http": protocol_factory(settings)}
 
 
 def announce(sock_name: tuple) -> None:

@@ -58,3 +58,135 @@ def test_cli_models_lists_published_variants_with_params():
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("deit_tiny_patch16_224_ctx_product_50_shared_k"))
     assert "5.76M" in line and "ctx product" in line
     assert len(out.stdout.splitlines()) >= 1 + 16
+
+
+def _package_dirs() -> dict[str, Path]:
+    """``irpe.x`` -> its folder, from pyproject's package-dir."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name: REPO / folder for name, folder in config.items()}
+
+
+def _imported_modules(path: Path, package: str) -> set[str]:
+    """What ``path`` imports, with ``from pkg import name`` as ``pkg.name`` (a submodule when it is one)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of the irpe package -> the irpe modules it imports (function-level imports too)."""
+    modules: dict[str, Path] = {}
+    for package, folder in sorted(_package_dirs().items(), key=lambda kv: -len(kv[0])):
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((package, *rel[:-1])) if rel[-1] == "__init__" else ".".join((package, *rel))
+            modules.setdefault(name, path)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+        for mod in _imported_modules(path, package):
+            while mod and mod not in modules:  # "from .x import name": the module x, not the name
+                mod = mod.rpartition(".")[0]
+            if mod and mod != name and mod != "irpe":
+                targets.add(mod)
+        graph[name] = targets
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (as a path), or []."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    graph = _module_graph()
+    assert len(graph) > 100 and "irpe.server.http.app" in graph
+    cycle = _cycle(graph)
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_fastapi_and_starlette_only_in_server_http():
+    bad = []
+    for path in sorted(REPO.rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if rel.parts[0] in (".venv", "tests", "build") or rel.parts[:2] == ("server", "http"):
+            continue
+        if rel.parts == ("bench", "naive_server.py"):  # the benchmark's plain-FastAPI baseline, not the product
+            continue
+        for mod in _imports(path, "irpe"):
+            if mod.split(".")[0] in ("fastapi", "starlette"):
+                bad.append(f"{rel} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+_RECORD_MODULES = '''
+import atexit, multiprocessing, os, sys
+def _record():
+    name = multiprocessing.current_process().name
+    with open(os.path.join(os.environ["IRPE_TEST_MODULES_DIR"], f"{name}.{os.getpid()}"), "w") as f:
+        f.write("\\n".join(sorted(sys.modules)))
+atexit.register(_record)
+'''
+
+
+def test_live_engine_process_has_no_fastapi_or_starlette(tmp_path: Path):
+    import os
+    import signal
+
+    import httpx
+
+    from tests.server.helpers import announced_url, encode, image, make_artifact, wait_ready
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_RECORD_MODULES)
+    art = make_artifact(tmp_path / "art")
+    env = {**os.environ, "PYTHONPATH": str(hook), "IRPE_TEST_MODULES_DIR": str(hook)}
+    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(art), "--port", "0", "--frontends", "1",
+                             "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        url = announced_url(proc)
+        wait_ready(url, timeout=90)
+        r = httpx.post(url + "/classify", content=encode(image()), headers={"content-type": "image/png"})
+        assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    engine = [p for p in hook.iterdir() if p.name.startswith("irpe-engine.")]
+    assert len(engine) == 1, sorted(p.name for p in hook.iterdir())
+    engine_mods = engine[0].read_text().split()
+    assert "irpe.server.ipc.engine_server" in engine_mods and "uvicorn" not in engine_mods  # the engine's list
+    web = sorted(m for m in engine_mods if m.split(".")[0] in ("fastapi", "starlette"))
+    assert not web, f"the engine process imported {web[:5]}"

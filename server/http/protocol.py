@@ -122,3 +122,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 def protocol_factory(settings: Settings) -> Any:
     """What uvicorn's ``http=`` option takes: the bounded protocol bound to ``settings``' limits (picklable)."""
     return functools.partial(BoundedHttpToolsProtocol, limits=Limits.from_settings(settings))
+
+
+def uvicorn_config_kwargs(settings: Settings) -> dict[str, object]:
+    """Options shared by the single-process and multi-worker paths."""
+    return {"host": settings.host, "port": settings.port, "log_level": settings.log_level,
+            "access_log": settings.log_level == "debug",
+            "timeout_graceful_shutdown": int(settings.timeout_s) + 5, "http": protocol_factory(settings)}

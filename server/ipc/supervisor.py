@@ -29,7 +29,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from ..config import Settings
-from ..runtime import announce, child_setup, uvicorn_config_kwargs
+from ..http.protocol import uvicorn_config_kwargs
+from ..runtime import announce, child_setup
 
 log = logging.getLogger("irpe.server")
 RESTART_BACKOFF_S = 1.0

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from irpe.benchmarks.frontend import tree_pids
+from irpe.bench.frontend import tree_pids
 from tests.server.helpers import (
     CROP,
     announced_url,
