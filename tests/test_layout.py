@@ -190,3 +190,16 @@ def test_live_engine_process_has_no_fastapi_or_starlette(tmp_path: Path):
     assert "irpe.server.ipc.engine_server" in engine_mods and "uvicorn" not in engine_mods  # the engine's list
     web = sorted(m for m in engine_mods if m.split(".")[0] in ("fastapi", "starlette"))
     assert not web, f"the engine process imported {web[:5]}"
+
+
+def test_server_modules_and_functions_stay_small():
+    """server/: no module over 400 lines, no function over 40 (docs/architecture.md)."""
+    big = []
+    for path in sorted((REPO / "server").rglob("*.py")):
+        source = path.read_text()
+        if len(source.splitlines()) > 400:
+            big.append(f"{path.relative_to(REPO)}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 40:
+                big.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}")
+    assert not big, "\n".join(big)

@@ -1,4 +1,4 @@
-"""Model control with ``irpe serve REPO --frontends 2`` (server/remote_repo.py, server/engine_process.py):
+"""Model control with ``irpe serve REPO --frontends 2`` (server/hosting/remote.py, server/ipc/engine_server.py):
 loads and unloads arriving at any front end run in the engine process and every front end follows; a swap
 under load answers every request; /v2 statistics add up over both front ends. Real HTTP on 127.0.0.1,
 repository routes through tritonclient."""

@@ -1,4 +1,4 @@
-"""The repository layout on disk (server/repo_layout.py) and the fair inference slots (server/repository.py)."""
+"""The repository layout on disk (server/hosting/layout.py) and the fair inference slots (server/hosting/local.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The model repository (server/repository.py) against a real ``irpe serve REPO`` on 127.0.0.1: routing by
+"""The model repository (server/hosting/local.py) against a real ``irpe serve REPO`` on 127.0.0.1: routing by
 model and version, a version swap under load with no failed request, a corrupt new version that leaves the
 old one serving, unload then 404, memory after load/unload cycles. Repository routes go through
 tritonclient (NVIDIA's client), /classify through plain HTTP."""
