@@ -53,6 +53,9 @@ class Settings:
     poll_interval_s: float = 5.0
     default_model: str = ""  # the model /classify serves without ?model= (default: the only/first one)
     load_model: str = ""  # --model-control explicit: models loaded at startup, comma-separated ('*' or none: all)
+    allow_client_shm: bool = False  # Triton's system shared memory extension (clients name /dev/shm regions)
+    max_shm_regions: int = 64
+    max_shm_region_mb: float = 1024.0
 
     def startup_models(self) -> list[str] | None:
         """The models ``--load-model`` names for an explicit repository (None: load every model)."""
@@ -97,13 +100,17 @@ class Settings:
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid setting(s) {bad}: sizes and times must be positive")
+        if self.allow_client_shm and (self.workers > 1 or self.frontends > 1):
+            raise ValueError("allow_client_shm: client shared-memory regions are registered per process; use it "
+                             "with --workers 1 and --frontends 0 or 1")
 
     def _limit_checks(self) -> dict[str, bool]:
         """The hostile-input limits (SECURITY.md): all positive; the decode budget fits one maximal image."""
         return {"max_images": self.max_images >= 1, "max_jpeg_scans": self.max_jpeg_scans >= 1,
                 "max_decode_pixels": self.max_decode_pixels == 0 or self.max_decode_pixels >= self.max_pixels,
                 "max_header_kb": self.max_header_kb >= 1, "header_timeout_s": self.header_timeout_s > 0,
-                "body_timeout_s": self.body_timeout_s > 0, "max_connections": self.max_connections >= 1}
+                "body_timeout_s": self.body_timeout_s > 0, "max_connections": self.max_connections >= 1,
+                "max_shm_regions": self.max_shm_regions >= 1, "max_shm_region_mb": self.max_shm_region_mb > 0}
 
     def resolved_max_decode_pixels(self) -> int:
         """Pixels being decoded at once across the pool (each costs up to ~12 bytes while it is
@@ -156,6 +163,8 @@ class Settings:
         --frontend``: --frontends 1 costs about what one process costs per request on 2 cores)."""
         if self.frontends >= 0:
             return self.frontends
+        if self.allow_client_shm:  # the regions are registered in one front end
+            return 1 if self.device == "cuda" else 0
         return max(1, usable_cpus() - 1) if self.device == "cuda" else 0
 
     def resolved_threads(self) -> int:

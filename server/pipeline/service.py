@@ -27,6 +27,7 @@ from ..hosting.host import NOT_STARTED, ModelHost, ModelVersion
 from ..memory import fix_mmap_threshold
 from ..metrics import Metrics
 from .decode import PixelBudget, prepare, small_baseline_jpeg
+from .sysshm import SharedMemoryRegistry
 
 log = logging.getLogger("irpe.server")
 _TIMEOUT = getattr(asyncio, "timeout", None)  # Python 3.11+
@@ -48,9 +49,12 @@ class Service:
     allowed_hosts: frozenset[str] = frozenset()
     inline_decode: bool = False  # small baseline JPEGs decode on the event loop (auto --decode-threads)
     waiting: str = ""  # why not ready without a failure (the default model is unloaded)
+    shm: SharedMemoryRegistry = field(init=False)  # client system shared memory (every front end's)
 
     def __post_init__(self) -> None:
         self.allowed_hosts = self.settings.host_allowlist()
+        s = self.settings
+        self.shm = SharedMemoryRegistry(s.allow_client_shm, s.max_shm_regions, int(s.max_shm_region_mb * 2**20))
         self.host.subscribe(lambda leaving: self.refresh())
 
     @property
@@ -98,6 +102,7 @@ class Service:
         """Drain the host (queued images still run), then stop the decode pool."""
         self.ready = False
         self.host.shutdown(self.settings.timeout_s)
+        self.shm.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
