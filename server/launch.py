@@ -8,11 +8,12 @@ from pathlib import Path
 
 import uvicorn
 
-from irpe.artifact import ArtifactError
+from irpe.artifact import ArtifactError, load_artifact
+from irpe.artifact.builtin import resolve_artifact_dir
 
 from .config import Settings
 from .engines import EngineError
-from .hosting.layout import is_plain_artifact, scan
+from .hosting.layout import check_layout, is_plain_artifact, scan
 from .http.protocol import uvicorn_config_kwargs
 from .memory import tune_gc
 from .runtime import announce, configure_logging
@@ -21,9 +22,10 @@ from .runtime import announce, configure_logging
 def serve(settings: Settings) -> None:
     """Run until SIGINT/SIGTERM (graceful: in-flight requests finish, the batchers drain)."""
     try:
-        settings.check_exposure()
+        settings.check_exposure()  # before anything else: an exposed server without a key never starts
     except ValueError as e:
         raise SystemExit(f"irpe serve: error: {e}") from None
+    check_artifact_dir(settings)
     configure_logging(settings)
     frontends = settings.frontends if settings.frontends < -1 else settings.resolved_frontends()
     _check_repository_fits(settings, frontends)
@@ -39,6 +41,17 @@ def serve(settings: Settings) -> None:
         _run_workers(settings)
         return
     _serve_one(settings)
+
+
+def check_artifact_dir(settings: Settings) -> None:
+    """Resolve ``digits`` (the shipped model) and check the directory: a bad artifact or repository layout is
+    a one-line ArtifactError, not a traceback."""
+    settings.artifact_dir = str(resolve_artifact_dir(settings.artifact_dir))
+    root = Path(settings.artifact_dir)
+    if is_plain_artifact(root) or not root.is_dir():
+        load_artifact(root)
+    else:
+        check_layout(root)  # a model repository: <model>/<version>/
 
 
 def _serve_one(settings: Settings) -> None:

@@ -93,11 +93,8 @@ LIMIT_KEYS = ("insecure", "max_images", "max_decode_pixels", "max_jpeg_scans", "
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Build Settings (flags > IRPE_* > defaults), check the artifact, serve."""
-    from irpe.artifact import load_artifact
-    from irpe.artifact.builtin import resolve_artifact_dir
+    """Build Settings (flags > IRPE_* > defaults) and serve."""
     from irpe.server.config import Settings
-    from irpe.server.hosting.layout import check_layout, is_plain_artifact
     from irpe.server.launch import serve
 
     keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
@@ -105,12 +102,6 @@ def run_serve(args: argparse.Namespace) -> int:
             "jpeg_draft", "precision", *LIMIT_KEYS, "frontends", "model_control", "poll_interval_s", "default_model"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys},
                                  load_model=",".join(args.load_model) if args.load_model else None)
-    settings.check_exposure()  # before anything else: an exposed server without a key never starts
-    settings.artifact_dir = str(resolve_artifact_dir(settings.artifact_dir))  # 'digits': the shipped model
-    if is_plain_artifact(Path(settings.artifact_dir)) or not Path(settings.artifact_dir).is_dir():
-        load_artifact(settings.artifact_dir)  # a bad directory is a one-line error, not a traceback
-    else:
-        check_layout(Path(settings.artifact_dir))  # a model repository: <model>/<version>/
     serve(settings)
     return 0
 
