@@ -45,6 +45,20 @@ class PixelBudget:
         self.free = pixels
         self._cond = threading.Condition()
 
+    def take_now(self, pixels: int) -> bool:
+        """Take ``pixels`` if they are free now (never waits: the event loop's inline decode); give them
+        back with :meth:`give`."""
+        with self._cond:
+            if self.free < pixels:
+                return False
+            self.free -= pixels
+            return True
+
+    def give(self, pixels: int) -> None:
+        with self._cond:
+            self.free += pixels
+            self._cond.notify_all()
+
     @contextmanager
     def hold(self, pixels: int, deadline: float | None = None) -> Iterator[None]:
         """Take ``pixels`` (at most the whole budget) for the block; 504 if ``deadline`` passes first."""
@@ -65,15 +79,26 @@ class PixelBudget:
 
 
 INLINE_PIXELS = 1 << 20  # a baseline JPEG up to this size decodes on the event loop (~2.5 ms at most here)
+INLINE_BYTES = 1 << 20  # ... and up to this many bytes (the entropy-coded data is read once)
+
+
+def inline_pixels(data: bytes, limit: int = INLINE_PIXELS) -> int:
+    """The pixels of a JPEG whose decode costs a bounded couple of milliseconds, 0 for any other: sequential
+    (not progressive), at most ``limit`` pixels and :data:`INLINE_BYTES`, no more scans than components, only
+    tables, COM and APPn before the frame, and libjpeg's own header reader finds the same size. Cheaper to
+    decode at once on the event loop than to hand to a thread (~0.5 CPU-ms per request in ``irpe bench serve
+    --frontend``: no hand-off, no GIL contention)."""
+    if len(data) > INLINE_BYTES or (f := jpeg.read_frame(data, strict=True)) is None or not f.sequential:
+        return 0
+    pixels = f.width * f.height
+    if not 0 < pixels <= limit or data.count(b"\xff\xda") > f.components:  # SOS markers, over-counted at worst
+        return 0
+    return pixels if jpeg.available() and jpeg.decoder_agrees(data, f) else 0
 
 
 def small_baseline_jpeg(data: bytes, limit: int = INLINE_PIXELS) -> bool:
-    """True for a sequential (non-progressive) JPEG of at most ``limit`` pixels, read from its frame header
-    (no decoding): one whose decode costs a bounded couple of milliseconds, cheaper to run at once on the
-    event loop than to hand to a thread (~0.5 CPU-ms per request in ``irpe bench serve --frontend``: no
-    hand-off, no GIL contention)."""
-    f = jpeg.read_frame(data)
-    return f is not None and f.sequential and 0 < f.width * f.height <= limit
+    """Whether ``data`` may decode on the event loop (:func:`inline_pixels`)."""
+    return inline_pixels(data, limit) > 0
 
 
 _NEXT_MARKER = re.compile(rb"\xff+[^\x00\xd0-\xd7\xff]")

@@ -72,22 +72,32 @@ def next_segment(data: bytes, pos: int, end: int) -> tuple[int, int, int] | None
     return None
 
 
-def read_frame(data: bytes) -> Frame | None:
-    """The frame header of a JPEG, read from the marker segments before it (no decoding, a few microseconds);
-    ``None`` when ``data`` is not a JPEG or its header cannot be read this way."""
+STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0-7: a marker without a length (libjpeg, Pillow)
+_BEFORE_FRAME = frozenset({0xC4, 0xCC, 0xDB, 0xDD, 0xFE, *range(0xE0, 0xF0)})  # tables, COM, APPn
+
+
+def read_frame(data: bytes, strict: bool = False) -> Frame | None:
+    """The frame header of a JPEG, read from the marker segments before it as libjpeg reads them (no
+    decoding, a few microseconds); ``None`` when ``data`` is not a JPEG or its header cannot be read this way.
+    ``strict``: also ``None`` when anything but tables, COM and APPn segments comes before the frame."""
     if not data.startswith(b"\xff\xd8"):
         return None
     pos, end, plain = 2, min(len(data), 1 << 20), True
     while (segment := next_segment(data, pos, end)) is not None:
         marker, pos, length = segment
+        if marker in STANDALONE:  # no length field: the next marker follows at once
+            if strict:
+                return None
+            pos, plain = pos + 2, False
+            continue
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn
             if length < 8 or pos + 10 > end:
                 return None
             precision, height, width = data[pos + 4], int.from_bytes(data[pos + 5:pos + 7], "big"), \
                 int.from_bytes(data[pos + 7:pos + 9], "big")
             return Frame(marker, width, height, data[pos + 9], precision, plain)
-        if marker in (0xD9, 0xDA) or length < 2:  # no frame header before the end or the first scan
-            return None
+        if marker in (0xD9, 0xDA) or length < 2 or strict and marker not in _BEFORE_FRAME:
+            return None  # no frame header before the end or the first scan (strict: an unexpected segment)
         if marker not in _TABLES and not any(marker == m and data.startswith(tag, pos + 4) for m, tag in _PLAIN_APP):
             plain = False
         pos += 2 + length
@@ -103,7 +113,17 @@ def plain_size(data: bytes, pp: Preprocess, max_pixels: int) -> tuple[int, int] 
     pixels = f.width * f.height
     if not 0 < pixels <= min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels) or not plain_preprocess(pp):
         return None
-    return (f.width, f.height) if available() else None
+    return (f.width, f.height) if available() and decoder_agrees(data, f) else None
+
+
+def decoder_agrees(data: bytes, f: Frame) -> bool:
+    """libjpeg itself (its header reader, ~3 microseconds) finds the frame size ``f`` says: what the limits
+    were checked against is what will be decoded."""
+    try:
+        height, width, *_ = simplejpeg.decode_jpeg_header(data)
+    except (ValueError, RuntimeError):
+        return False
+    return (width, height) == (f.width, f.height)
 
 
 def plain_preprocess(pp: Preprocess) -> bool:

@@ -26,11 +26,29 @@ from ..errors import APIError
 from ..hosting.host import NOT_STARTED, ModelHost, ModelVersion
 from ..memory import fix_mmap_threshold
 from ..metrics import Metrics
-from .decode import PixelBudget, prepare, small_baseline_jpeg
+from .decode import INLINE_PIXELS, PixelBudget, inline_pixels, prepare
 from .sysshm import SharedMemoryRegistry
 
 log = logging.getLogger("irpe.server")
 _TIMEOUT = getattr(asyncio, "timeout", None)  # Python 3.11+
+
+
+class InlineTurn:
+    """Pixels decoded on the event loop in one loop iteration: at most ``cap``; the rest go to the pool."""
+
+    def __init__(self, cap: int):
+        self.cap, self.spent = cap, 0
+
+    def take(self, pixels: int) -> bool:
+        if self.spent + pixels > self.cap:
+            return False
+        if not self.spent:  # runs in the next loop iteration
+            asyncio.get_running_loop().call_soon(self._reset)
+        self.spent += pixels
+        return True
+
+    def _reset(self) -> None:
+        self.spent = 0
 
 
 @dataclass
@@ -50,6 +68,7 @@ class Service:
     inline_decode: bool = False  # small baseline JPEGs decode on the event loop (auto --decode-threads)
     waiting: str = ""  # why not ready without a failure (the default model is unloaded)
     shm: SharedMemoryRegistry = field(init=False)  # client system shared memory (every front end's)
+    turn: InlineTurn = field(default_factory=lambda: InlineTurn(2 * INLINE_PIXELS))
 
     def __post_init__(self) -> None:
         self.allowed_hosts = self.settings.host_allowlist()
@@ -177,8 +196,8 @@ class Service:
         start = time.perf_counter()
         s = self.settings
         if len(blobs) == 1:  # the common case: no semaphore, no task, at most one executor hop
-            if self.inline_decode and small_baseline_jpeg(blobs[0]):  # no budget: one bounded decode at a time
-                x, seconds = _timed_prepare(blobs[0], art, s, None, deadline)
+            if pixels := self._inline(blobs[0]):
+                x, seconds = self._prepare_inline(blobs[0], art, pixels, deadline)
             else:
                 x, seconds = await loop.run_in_executor(self.pool, _timed_prepare, blobs[0], art, s, self.budget,
                                                         deadline)
@@ -187,9 +206,9 @@ class Service:
         share = asyncio.Semaphore(max(1, getattr(self.pool, "_max_workers", 2) // 2))  # not usable_cpus(): file reads
 
         async def one(blob: bytes) -> tuple[np.ndarray, float]:
-            if self.inline_decode and small_baseline_jpeg(blob):
-                await asyncio.sleep(0)  # other requests get the loop between two images
-                return _timed_prepare(blob, art, s, None, deadline)
+            await asyncio.sleep(0)  # other requests get the loop between two images
+            if pixels := self._inline(blob):
+                return self._prepare_inline(blob, art, pixels, deadline)
             async with share:
                 return await loop.run_in_executor(self.pool, _timed_prepare, blob, art, s, self.budget, deadline)
 
@@ -202,6 +221,22 @@ class Service:
         for _, seconds in done:
             self.metrics.decode.observe(seconds)
         return [x for x, _ in done], time.perf_counter() - start
+
+    def _inline(self, blob: bytes) -> int:
+        """The pixels of ``blob`` when it decodes here on the event loop (:func:`.decode.inline_pixels`),
+        taken from this loop iteration's share and from the pixel budget; 0: the decode pool."""
+        pixels = inline_pixels(blob) if self.inline_decode else 0
+        if not pixels or not self.turn.take(pixels):
+            return 0
+        return pixels if self.budget is None or self.budget.take_now(pixels) else 0
+
+    def _prepare_inline(self, blob: bytes, art: ModelArtifact, pixels: int,
+                        deadline: float | None) -> tuple[np.ndarray, float]:
+        try:
+            return _timed_prepare(blob, art, self.settings, None, deadline)
+        finally:
+            if self.budget is not None:
+                self.budget.give(pixels)
 
     async def infer(self, arrays: list[np.ndarray], mv: ModelVersion) -> list[Result]:
         """Queue arrays for the batcher of ``mv`` (only ever that version's); 503 with Retry-After when the
