@@ -47,6 +47,7 @@ class ModelVersion:
     users: int = 0  # requests holding this version (see ModelHost.acquire)
     info: EngineInfo | None = None  # what runs it (its engine's facts, in every process)
     leaving: bool = False  # being retired: still answers requests already routed to it, announced no more
+    rejected: tuple = ()  # the signature of files rewritten in place that failed to load (this one serves on)
 
     @property
     def ready(self) -> bool:

@@ -237,16 +237,18 @@ class LocalHost(ModelHost):
         for v in d.config.policy.select(list(d.versions)):
             sig = signature(d.versions[v])
             old = tried.get(v)
-            if old is not None and old.signature == sig and not old.leaving and \
-                    (old.ready or not retry_failed and old.reason != "unloaded"):
-                continue  # loaded, or failed and unchanged on disk (a poll does not retry it)
+            if _current(old, sig, retry_failed):
+                continue
             mv = self._build(name, v, d.versions[v], sig)
             if mv.state == "LOADING" and warm:
                 self._activate(mv)
             if mv.state == "UNAVAILABLE":
                 failed = failed or mv
-                if old is None or not old.ready:  # a version rewritten badly in place: the old one stays
+                if old is None or not old.ready:
                     tried[v] = mv
+                else:  # a version rewritten badly in place: the old one keeps serving, the index says why
+                    old.reason, old.rejected = (f"the files now on disk failed to load ({mv.reason}); the version "
+                                                "loaded before keeps serving"), sig
                 continue
             with self._route:
                 tried[v] = mv  # routable before the version it replaces stops taking requests
@@ -332,3 +334,13 @@ class LocalHost(ModelHost):
         self.labeled.depth.labels(mv.name, str(mv.version)).set(0)
         gc.collect(0)  # the engine goes by refcount; a full collection would hold the GIL ~50 ms
         log.info("model %s version %d unloaded", mv.name, mv.version)
+
+
+def _current(old: ModelVersion | None, sig: tuple, retry_failed: bool) -> bool:
+    """Nothing to load: ``old`` is loaded from the files on disk (``sig``), or failed on them and a poll
+    does not retry them (a failed load, or a failed rewrite in place while the old version serves)."""
+    if old is None or old.leaving:
+        return False
+    if old.signature == sig:
+        return old.ready or not retry_failed and old.reason != "unloaded"
+    return not retry_failed and old.ready and old.rejected == sig
