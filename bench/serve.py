@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -153,10 +154,11 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> No
 
 @contextlib.contextmanager
 def server_process(args: list[str], port: int, env: dict[str, str] | None = None,
-                   stop_timeout: float = 30) -> Iterator[subprocess.Popen]:
-    """Start ``python args...`` (``env`` added to the environment) and wait for /readyz; SIGTERM on exit."""
+                   stop_timeout: float = 30, stderr: Any = None) -> Iterator[subprocess.Popen]:
+    """Start ``python args...`` (``env`` added to the environment; ``stderr``: where its log goes, default
+    ours) and wait for /readyz; SIGTERM on exit."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         _wait_ready(port, proc)
         yield proc

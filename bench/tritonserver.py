@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from irpe.artifact import ModelArtifact, load_artifact
 
@@ -114,19 +115,20 @@ class EnvLayout:
 
 
 def model_config(name: str, art: ModelArtifact, *, max_batch: int, max_delay_us: int, instances: int,
-                 threads: int) -> str:
+                 threads: int, preferred: tuple[int, ...] = ()) -> str:
     """``config.pbtxt`` of the Python-backend model (dynamic batching; ``max_delay_us=0``: a lone request runs
-    at once)."""
+    at once; ``preferred``: the preferred batch sizes, none by default)."""
     s = art.img_size
+    sizes = f"preferred_batch_size: [ {', '.join(map(str, preferred))} ] " if preferred else ""
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
             f'input [ {{ name: "{art.input_name}" data_type: TYPE_FP32 dims: [ 3, {s}, {s} ] }} ]\n'
             f'output [ {{ name: "{art.output_name}" data_type: TYPE_FP32 dims: [ {art.num_classes} ] }} ]\n'
-            f"dynamic_batching {{ max_queue_delay_microseconds: {max_delay_us} }}\n"
+            f"dynamic_batching {{ {sizes}max_queue_delay_microseconds: {max_delay_us} }}\n"
             f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
             f'parameters {{ key: "intra_op_threads" value: {{ string_value: "{threads}" }} }}\n')
 
 
-def write_repository(root: Path, name: str, artifact_dir: Path, **config: int) -> Path:
+def write_repository(root: Path, name: str, artifact_dir: Path, **config: Any) -> Path:
     """``root/<name>/{config.pbtxt, 1/model.py, 1/model.onnx}``; returns ``root``."""
     art = load_artifact(artifact_dir)
     version = root / name / "1"
@@ -148,14 +150,16 @@ class TritonServer:
 
     def __init__(self, artifact_dir: str | Path, *, model_name: str = "irpe", max_batch: int = 8,
                  max_delay_us: int = 0, instances: int = 1, threads: int = 1, env_dir: Path | None = None,
-                 startup_timeout_s: float = 120.0, exit_timeout_s: int = 5) -> None:
+                 startup_timeout_s: float = 120.0, exit_timeout_s: int = 5, preferred: tuple[int, ...] = ()) -> None:
         if min(max_batch, instances, threads) < 1 or max_delay_us < 0:
             raise ValueError("max_batch, instances and threads must be >= 1 and max_delay_us >= 0")
+        if any(not 1 <= b <= max_batch for b in preferred):
+            raise ValueError(f"preferred batch sizes {preferred} must lie in 1..max_batch ({max_batch})")
         self.artifact_dir = Path(artifact_dir)
         load_artifact(self.artifact_dir)  # a bad directory fails here, before anything starts
         self.model_name = model_name
         self.config = {"max_batch": max_batch, "max_delay_us": max_delay_us, "instances": instances,
-                       "threads": threads}
+                       "threads": threads, "preferred": tuple(preferred)}
         self.env_dir = env_dir
         self.startup_timeout_s = startup_timeout_s
         self.exit_timeout_s = exit_timeout_s  # how long Triton waits for in-flight requests and open clients

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from irpe.commands import CLIError
+
+if TYPE_CHECKING:
+    from irpe.bench.triton import Options
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +20,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_cpu_bench(bsub)
     add_digits_bench(bsub)
     add_repository_bench(bsub)
+    add_triton_bench(bsub)
 
 
 def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
@@ -193,6 +198,62 @@ def add_repository_bench(bsub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(func=run)
+
+
+def add_triton_bench(bsub: argparse._SubParsersAction) -> None:
+    """``irpe bench triton`` (issue 31): irpe serve vs the real tritonserver under NVIDIA's perf_analyzer."""
+    p = bsub.add_parser("triton", help="irpe serve vs the real NVIDIA Triton on the same artifact, perf_analyzer "
+                                       "at each concurrency, interleaved: infer/s, p50/p99, client-minus-server")
+    p.add_argument("--models", default="near-free,deit-tiny", help="comma list of near-free, deit-tiny (exported "
+                   "with random weights; needs torch)")
+    p.add_argument("--artifact", help="bench this artifact directory instead of --models")
+    p.add_argument("--protocols", default="http", help="comma list of http, grpc (default http)")
+    p.add_argument("--concurrency", default="1,8,32", help="comma list of perf_analyzer concurrency levels")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians reported)")
+    p.add_argument("--interval-ms", type=int, default=1500, help="perf_analyzer measurement window (3 per run)")
+    p.add_argument("--triton-instances", type=int, default=0, help="Triton model instances (default: one per "
+                   "usable core, as irpe serve's inference threads)")
+    p.add_argument("--triton-threads", type=int, default=1, help="ONNX Runtime threads per Triton instance")
+    p.add_argument("--triton-max-batch", type=int, default=32, help="Triton max_batch_size (preferred sizes as "
+                   "irpe export writes them)")
+    p.add_argument("--perf-analyzer", help="perf_analyzer command line (default: $IRPE_PERF_ANALYZER, "
+                   "perf_analyzer on PATH, or scripts/perf-analyzer.sh of this checkout)")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
+    p.set_defaults(func=_run_triton)
+
+
+def triton_options(args: argparse.Namespace) -> Options:
+    """The checked options of ``irpe bench triton`` (a ``bench.triton.Options``)."""
+    from irpe.bench.triton import MODELS, PROTOCOLS, Options
+
+    models, protocols = _names(args.models), _names(args.protocols)
+    levels = _ints(args.concurrency, "--concurrency")
+    bad = [m for m in models if m not in MODELS] + [p for p in protocols if p not in PROTOCOLS]
+    if bad:
+        raise CLIError(f"unknown {', '.join(bad)}: --models from {', '.join(MODELS)}, --protocols from "
+                       f"{', '.join(PROTOCOLS)}")
+    if not levels or min(levels) < 1 or not protocols or (not models and not args.artifact):
+        raise CLIError("--concurrency needs positive integers; --protocols and --models (or --artifact) a name")
+    if min(args.rounds, args.triton_threads, args.triton_max_batch) < 1 or args.triton_instances < 0 \
+            or args.interval_ms < 100:
+        raise CLIError("--rounds, --triton-threads, --triton-max-batch must be >= 1, --triton-instances >= 0 "
+                       "(0: one per core), --interval-ms >= 100")
+    return Options(models=models, artifact=args.artifact, protocols=protocols, levels=levels, rounds=args.rounds,
+                   interval_ms=args.interval_ms, instances=args.triton_instances, threads=args.triton_threads,
+                   max_batch=args.triton_max_batch, server_args=tuple(args.server_arg),
+                   perf_analyzer=args.perf_analyzer)
+
+
+def _run_triton(args: argparse.Namespace) -> int:
+    from irpe.bench.triton import BenchError, run_triton_bench
+    from irpe.bench.tritonserver import TritonUnavailable
+
+    opts = triton_options(args)
+    try:
+        run_triton_bench(opts)
+    except (BenchError, TritonUnavailable) as e:
+        raise CLIError(str(e)) from None
+    return 0
 
 
 def _ints(text: str, flag: str) -> list[int]:

@@ -1,0 +1,260 @@
+"""``irpe bench triton``: ``irpe serve`` against the real NVIDIA Triton (2.51), side by side, one run.
+
+Both serve the same exported artifact on 127.0.0.1: ``irpe serve`` with the defaults a user gets (plus
+``--server-arg``), Triton through :mod:`tritonserver` (its Python backend running the same ``model.onnx`` with
+ONNX Runtime) configured fairly: as many instances as ``irpe serve`` has inference threads, as many ONNX
+Runtime threads each, the exported ``max_batch_size`` and preferred batch sizes, and no batching delay (a lone
+request runs at once). NVIDIA's ``perf_analyzer`` (batch 1, zero-filled binary tensors, one concurrency level
+per call) drives each server in turn; every round runs every (protocol, concurrency, server) once, the order
+of the two servers alternating between rounds, so load from elsewhere on the machine hits both alike.
+
+Per cell: infer/s, p50 and p99 (client), the client-minus-server latency (perf_analyzer's average latency
+minus the server's own average request latency from its statistics extension) and images per execution
+(inference count / execution count from those statistics). The ratio irpe/Triton is the median over the rounds
+of the per-round ratio (the two measured seconds apart), next to the medians of each figure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVERS = ("triton", "irpe")
+PROTOCOLS = ("http", "grpc")
+MODELS = ("near-free", "deit-tiny")
+REPO_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "perf-analyzer.sh"
+
+
+class BenchError(RuntimeError):
+    """perf_analyzer is missing or failed; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One perf_analyzer run at one concurrency (latencies in ms)."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    avg_ms: float
+    server_ms: float
+    inferences: int
+    executions: int
+
+    @property
+    def outside_ms(self) -> float:
+        """Client-minus-server latency: what the front end and the wire add outside the server's own clock."""
+        return self.avg_ms - self.server_ms
+
+    @property
+    def batch(self) -> float:
+        """Images per model execution."""
+        return self.inferences / self.executions if self.executions else float("nan")
+
+
+_FIELDS = {"rps": r"Throughput: ([\d.]+) infer/sec", "p50_ms": r"p50 latency: (\d+) usec",
+           "p99_ms": r"p99 latency: (\d+) usec", "avg_ms": r"Avg latency: (\d+) usec",
+           "server_ms": r"Avg request latency: (\d+) usec", "inferences": r"Inference count: (\d+)",
+           "executions": r"Execution count: (\d+)"}
+
+
+def parse_output(text: str) -> Measure:
+    """The figures of one perf_analyzer run from its report (the last value of each field)."""
+    values: dict[str, float] = {}
+    for name, pattern in _FIELDS.items():
+        found = re.findall(pattern, text)
+        if not found:
+            raise BenchError(f"perf_analyzer printed no {pattern.split(':')[0]!r}:\n{text[-2000:]}")
+        v = float(found[-1])
+        values[name] = v / 1e3 if name.endswith("_ms") else v
+    return Measure(values["rps"], values["p50_ms"], values["p99_ms"], values["avg_ms"], values["server_ms"],
+                   int(values["inferences"]), int(values["executions"]))
+
+
+def perf_analyzer_command(given: str | None = None) -> list[str]:
+    """``given`` (a command line), else ``$IRPE_PERF_ANALYZER``, else ``perf_analyzer`` on PATH, else the
+    repository's ``scripts/perf-analyzer.sh`` (the PyPI wheel in a podman container)."""
+    given = given or os.environ.get("IRPE_PERF_ANALYZER")
+    if given:
+        return shlex.split(given)
+    if shutil.which("perf_analyzer"):
+        return ["perf_analyzer"]
+    if REPO_SCRIPT.is_file():
+        return [str(REPO_SCRIPT)]
+    raise BenchError("perf_analyzer not found: pip install perf-analyzer (glibc >= 2.38), or pass "
+                     "--perf-analyzer 'CMD' (for example scripts/perf-analyzer.sh from an irpe-deploy checkout)")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one server answers one protocol."""
+
+    server: str
+    protocol: str
+    url: str
+    model: str
+
+
+def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:
+    """perf_analyzer's arguments for one run: batch 1, zero-filled binary inputs, one concurrency level,
+    three windows of ``interval_ms`` accepted whatever their spread (this machine is shared: the rounds and
+    the medians do the smoothing, not perf_analyzer's stability loop)."""
+    return ["-m", t.model, "-u", t.url, "-i", t.protocol, "-b", "1", "--input-data", "zero",
+            "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms),
+            "-s", "1000", "--max-trials", "3"]
+
+
+def run_pa(command: list[str], args: list[str], timeout_s: float = 300.0) -> Measure:
+    """Run perf_analyzer once and parse its report."""
+    try:
+        out = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(f"perf_analyzer ran past {timeout_s:.0f} s: {' '.join(args)}") from e
+    except FileNotFoundError as e:
+        raise BenchError(f"{command[0]} not found: pass --perf-analyzer 'CMD'") from e
+    if out.returncode != 0:
+        raise BenchError(f"perf_analyzer failed ({out.returncode}) on {' '.join(args)}:\n"
+                         f"{(out.stdout + out.stderr)[-2000:]}")
+    return parse_output(out.stdout)
+
+
+@dataclass
+class Cell:
+    """Every round's measure of one (protocol, concurrency), both servers."""
+
+    protocol: str
+    concurrency: int
+    runs: dict[str, list[Measure]] = field(default_factory=lambda: {s: [] for s in SERVERS})
+
+    def median(self, server: str, attr: str) -> float:
+        return statistics.median(getattr(m, attr) for m in self.runs[server])
+
+    def ratio(self) -> float:
+        """irpe/Triton throughput: the median of the per-round ratios."""
+        return statistics.median(i.rps / t.rps if t.rps else float("nan")
+                                 for t, i in zip(self.runs["triton"], self.runs["irpe"], strict=True))
+
+
+def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels: list[int], rounds: int,
+            interval_ms: int, command: list[str]) -> list[Cell]:
+    """``rounds`` x (protocol, concurrency, both servers in alternating order)."""
+    cells = [Cell(p, c) for p in protocols for c in levels]
+    for r in range(rounds):
+        order = SERVERS if r % 2 == 0 else SERVERS[::-1]
+        for cell in cells:
+            for server in order:
+                t = targets[(server, cell.protocol)]
+                cell.runs[server].append(run_pa(command, pa_args(t, cell.concurrency, interval_ms)))
+    return cells
+
+
+def format_cells(title: str, cells: list[Cell]) -> str:
+    """One line per (protocol, concurrency): the medians of both servers and the ratio."""
+    head = (f"{'proto':<5} {'conc':>4} {'Triton inf/s':>12} {'irpe inf/s':>10} {'irpe/Triton':>11} "
+            f"{'p50 ms T/i':>12} {'p99 ms T/i':>12} {'outside ms T/i':>14} {'img/exec T/i':>12}")
+    lines = [title, head]
+    for c in cells:
+        def pair(attr: str, fmt: str = ".1f", c: Cell = c) -> str:
+            return f"{c.median('triton', attr):{fmt}} / {c.median('irpe', attr):{fmt}}"
+
+        lines.append(f"{c.protocol:<5} {c.concurrency:>4} {c.median('triton', 'rps'):>12.0f} "
+                     f"{c.median('irpe', 'rps'):>10.0f} {c.ratio():>11.2f} {pair('p50_ms'):>12} "
+                     f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12}")
+    return "\n".join(lines)
+
+
+@contextmanager
+def irpe_server(artifact: Path, server_args: tuple[str, ...]) -> Iterator[dict[str, str]]:
+    """``irpe serve ARTIFACT`` with the defaults a user gets (access log on, into a temporary
+    file); yields the URL per protocol."""
+    from .serve import _free_port, server_process
+
+    port = _free_port()
+    with tempfile.TemporaryFile() as log, \
+            server_process(["-m", "irpe.cli", "serve", str(artifact), "--port", str(port), *server_args], port,
+                           stderr=log):
+        yield {"http": f"127.0.0.1:{port}"}
+
+
+@contextmanager
+def triton_server(artifact: Path, instances: int, threads: int, max_batch: int) -> Iterator[dict[str, str]]:
+    """The real tritonserver on the same artifact (no batching delay, the exported preferred batch sizes)."""
+    from irpe.export.triton import preferred_batch_sizes
+
+    from .tritonserver import TritonServer
+
+    with TritonServer(artifact, model_name="irpe", max_batch=max_batch, max_delay_us=0, instances=instances,
+                      threads=threads, preferred=tuple(preferred_batch_sizes(max_batch))) as s:
+        yield {"http": s.http_url, "grpc": s.grpc_url}
+
+
+@dataclass
+class Options:
+    """What ``irpe bench triton`` was told."""
+
+    models: list[str] = field(default_factory=lambda: list(MODELS))
+    artifact: str | None = None
+    protocols: list[str] = field(default_factory=lambda: ["http"])
+    levels: list[int] = field(default_factory=lambda: [1, 8, 32])
+    rounds: int = 3
+    interval_ms: int = 1500
+    instances: int = 0  # Triton model instances (0: one per usable core, as irpe serve's inference threads)
+    threads: int = 1  # ONNX Runtime threads per Triton instance
+    max_batch: int = 32
+    server_args: tuple[str, ...] = ()
+    perf_analyzer: str | None = None
+
+
+def bench_artifact(artifact: Path, opts: Options, command: list[str]) -> list[Cell]:
+    """Both servers on ``artifact``, every cell measured ``opts.rounds`` times."""
+    from irpe.artifact import load_artifact
+    from irpe.server.config import usable_cpus
+
+    name = load_artifact(artifact).name
+    with ExitStack() as stack:
+        urls = {"irpe": stack.enter_context(irpe_server(artifact, opts.server_args)),
+                "triton": stack.enter_context(triton_server(artifact, opts.instances or usable_cpus(),
+                                                            opts.threads, opts.max_batch))}
+        missing = [f"{s} over {p}" for s in SERVERS for p in opts.protocols if p not in urls[s]]
+        if missing:
+            raise BenchError(f"no {', '.join(missing)} here: choose --protocols from what both serve")
+        targets = {(s, p): Target(s, p, urls[s][p], "irpe" if s == "triton" else name)
+                   for s in SERVERS for p in opts.protocols}
+        return measure(targets, opts.protocols, opts.levels, opts.rounds, opts.interval_ms, command)
+
+
+def model_artifact(model: str, tmp: Path) -> Path:
+    """Export ``near-free`` (issue 13's model) or ``deit-tiny`` (DeiT-Tiny iRPE-K, 224 px), random weights."""
+    from .frontend import build_near_free
+    from .serve import build_artifact
+
+    out = tmp / model
+    out.mkdir(parents=True)
+    return build_near_free(out) if model == "near-free" else build_artifact(out)
+
+
+def run_triton_bench(opts: Options) -> dict[str, list[Cell]]:
+    """Entry point of ``irpe bench triton``: every model's table, printed as it completes."""
+    command = perf_analyzer_command(opts.perf_analyzer)
+    out: dict[str, list[Cell]] = {}
+    with tempfile.TemporaryDirectory(prefix="irpe-bench-triton-") as tmp:
+        for model in ([opts.artifact] if opts.artifact else opts.models):
+            if opts.artifact:
+                path = Path(opts.artifact)
+            else:
+                print(f"exporting {model} (random weights) ...", flush=True)
+                path = model_artifact(model, Path(tmp))
+            load = os.getloadavg()[0]
+            out[model] = bench_artifact(path, opts, command)
+            print(format_cells(f"{model}: {opts.rounds} interleaved rounds, perf_analyzer batch 1, load average "
+                               f"{load:.1f} before / {os.getloadavg()[0]:.1f} after", out[model]), flush=True)
+    return out

@@ -1,0 +1,114 @@
+"""``irpe bench triton``: its options, how it reads perf_analyzer's report, and one short real run (the real
+tritonserver and ``irpe serve`` under NVIDIA's perf_analyzer; timing itself is a benchmark, not a test)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from irpe.bench import triton as tb
+from irpe.cli import build_parser, main
+from irpe.commands.bench import triton_options
+from tests.server.helpers import make_artifact
+
+# perf_analyzer 2.60's report of one run against tritonserver (concurrency 8, this machine)
+REPORT = """Request concurrency: 8
+  Client:
+    Request count: 2864
+    Throughput: 250.731 infer/sec
+    Avg latency: 30015 usec (standard deviation 14854 usec)
+    p50 latency: 27986 usec
+    p90 latency: 47742 usec
+    p95 latency: 56197 usec
+    p99 latency: 73803 usec
+    Avg HTTP time: 29935 usec (send/recv 1471 usec + response wait 28464 usec)
+  Server:
+    Inference count: 2870
+    Execution count: 1130
+    Successful request count: 2870
+    Avg request latency: 17639 usec (overhead 11 usec + queue 5948 usec + compute input 403 usec + compute infer \
+11010 usec + compute output 266 usec)
+Inferences/Second vs. Client Average Batch Latency
+Concurrency: 8, throughput: 250.731 infer/sec, latency 30015 usec
+"""
+
+
+def _options(*argv: str) -> tb.Options:
+    return triton_options(build_parser().parse_args(["bench", "triton", *argv]))
+
+
+def test_defaults_are_both_models_http_three_levels_and_a_fair_triton() -> None:
+    o = _options()
+    assert (o.models, o.protocols, o.levels, o.rounds) == (["near-free", "deit-tiny"], ["http"], [1, 8, 32], 3)
+    assert (o.instances, o.threads, o.max_batch, o.artifact) == (0, 1, 32, None)
+    o = _options("--protocols", "HTTP,grpc", "--concurrency", "2,4", "--server-arg=--max-batch=8",
+                 "--server-arg=--log-level=warning", "--artifact", "/a", "--triton-instances", "3")
+    assert (o.protocols, o.levels, o.artifact, o.instances) == (["http", "grpc"], [2, 4], "/a", 3)
+    assert o.server_args == ("--max-batch=8", "--log-level=warning")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "resnet"], "unknown resnet: --models from near-free, deit-tiny"),
+    (["--protocols", "http,quic"], "unknown quic"),
+    (["--concurrency", "0,8"], "--concurrency needs positive integers"),
+    (["--concurrency", "a"], "--concurrency must be a comma list of integers"),
+    (["--models", ","], "--models (or --artifact) a name"),
+    (["--rounds", "0"], "--rounds, --triton-threads, --triton-max-batch must be >= 1"),
+    (["--triton-instances", "-1"], "--triton-instances >= 0"),
+    (["--interval-ms", "50"], "--interval-ms >= 100"),
+])
+def test_bad_options_exit_2_naming_the_flag(argv: list[str], message: str, capsys) -> None:
+    assert main(["bench", "triton", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_report_figures_and_client_minus_server() -> None:
+    m = tb.parse_output(REPORT)
+    assert (m.rps, m.p50_ms, m.p99_ms, m.inferences, m.executions) == (250.731, 27.986, 73.803, 2870, 1130)
+    assert m.outside_ms == pytest.approx(30.015 - 17.639)
+    assert m.batch == pytest.approx(2870 / 1130)
+    with pytest.raises(tb.BenchError, match="no 'Execution count'"):
+        tb.parse_output(REPORT.replace("Execution count", "Runs"))
+
+
+def test_ratio_is_the_median_of_per_round_ratios_and_the_table_shows_it() -> None:
+    def m(rps: float) -> tb.Measure:
+        return tb.Measure(rps, 1.0, 2.0, 1.5, 1.0, 10, 5)
+
+    cell = tb.Cell("http", 8, {"triton": [m(100), m(200), m(1000)], "irpe": [m(90), m(300), m(500)]})
+    assert cell.ratio() == pytest.approx(0.9)  # per round 0.9, 1.5, 0.5 (medians alone would give 1.5)
+    line = tb.format_cells("t", [cell]).splitlines()[-1].split()
+    assert line[:5] == ["http", "8", "200", "300", "0.90"] and line[-3:] == ["2.0", "/", "2.0"]
+
+
+def test_perf_analyzer_command_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tb.perf_analyzer_command("pa --x 'a b'") == ["pa", "--x", "a b"]
+    monkeypatch.setenv("IRPE_PERF_ANALYZER", "/opt/pa/bin/perf_analyzer")
+    assert tb.perf_analyzer_command() == ["/opt/pa/bin/perf_analyzer"]
+
+
+def _perf_analyzer_runs() -> bool:
+    if shutil.which("perf_analyzer"):
+        return True
+    if not shutil.which("podman") or not tb.REPO_SCRIPT.is_file():
+        return False
+    image = subprocess.run(["podman", "--runtime", "runc", "image", "exists",
+                            "localhost/irpe-perf-analyzer:2.60.0"], capture_output=True)
+    return image.returncode == 0
+
+
+@pytest.mark.skipif(not _perf_analyzer_runs(), reason="perf_analyzer (or its podman image) is not here")
+def test_one_short_real_run_measures_both_servers(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
+    artifact = make_artifact(tmp_path / "a")
+    opts = tb.Options(artifact=str(artifact), levels=[2], rounds=1, interval_ms=300, instances=2,
+                   server_args=("--log-level", "warning"))
+    (cell,) = tb.run_triton_bench(opts)[str(artifact)]
+    for server in ("triton", "irpe"):
+        (m,) = cell.runs[server]
+        assert m.rps > 0 and m.inferences > 0 and 1.0 <= m.batch <= 2.0 and m.p99_ms >= m.p50_ms > 0
+    assert "irpe/Triton" in capsys.readouterr().out
+
