@@ -19,21 +19,12 @@ import numpy as np
 
 from irpe.artifact import ModelArtifact
 
-from ..errors import APIError
+from ..pipeline import oip
+from ..pipeline.oip import DATATYPE, ProtocolError
 
-DATATYPE = "FP32"
+__all__ = ["DATATYPE", "ProtocolError"]
 MAX_INT_DIGITS = 20  # any count or size that fits an int64; longer integers are refused before int()
 _ITEM = 4  # bytes per FP32
-
-
-_CODES = {400: "invalid_input", 413: "payload_too_large", 415: "unsupported_media_type"}
-
-
-class ProtocolError(APIError):
-    """A request the protocol refuses: HTTP ``status`` (400, 413 or 415) and a message."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(status, _CODES[status], message)
 
 
 def _refuse_constant(token: str) -> float:
@@ -67,12 +58,6 @@ def header_length(value: str | None, body_size: int) -> int:
     return size
 
 
-def _count(value: object, what: str) -> int:
-    if type(value) is not int or value < 0:  # bool, float (1e999), string: refused
-        raise ProtocolError(f"{what} must be a non-negative integer, got {value!r}")
-    return value
-
-
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     params = obj.get("parameters")
     if params is None:
@@ -101,18 +86,7 @@ def parse_request(header: bytes, art: ModelArtifact) -> tuple[dict[str, Any], di
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise ProtocolError(f"expected exactly one input {art.input_name!r}")
     spec = inputs[0]
-    if spec.get("name") != art.input_name:
-        raise ProtocolError(f"unexpected inference input {spec.get('name')!r} for model {art.name!r}; "
-                            f"the model has {art.input_name!r}")
-    if spec.get("datatype") != DATATYPE:
-        raise ProtocolError(f"inference input {art.input_name!r} data-type is {spec.get('datatype')!r}, "
-                            f"but model {art.name!r} expects {DATATYPE!r}")
-    want = [3, art.preprocess.crop, art.preprocess.crop]
-    shape = spec.get("shape")
-    if not (isinstance(shape, list) and len(shape) == 4 and shape[1:] == want and type(shape[0]) is int
-            and shape[0] >= 1 and all(type(d) is int for d in shape)):
-        raise ProtocolError(f"unexpected shape for input {art.input_name!r} for model {art.name!r}: expected "
-                            f"[N,{want[0]},{want[1]},{want[2]}] with N >= 1, got {shape}")
+    oip.check_input(spec.get("name"), spec.get("datatype"), spec.get("shape"), art)
     _parameters(spec, "input")
     return req, spec
 
@@ -124,20 +98,14 @@ def input_array(spec: dict[str, Any], body: bytes, offset: int, max_images: int)
     want_bytes = math.prod(shape) * _ITEM  # Python ints: no int64 wrap-around for a 20-digit N
     params = _parameters(spec, "input")
     if "binary_data_size" in params:
-        size = _count(params["binary_data_size"], "binary_data_size")
+        size = oip.count(params["binary_data_size"], "binary_data_size")
         if size != want_bytes or offset + size > len(body):
             raise ProtocolError(f"input {spec['name']!r}: binary_data_size {size} must equal {want_bytes} "
                                 f"(shape {shape}, FP32) and fit the {len(body) - offset} bytes after the header")
         images = np.frombuffer(body, dtype="<f4", count=size // _ITEM, offset=offset).reshape(shape)
     else:
         images = _json_data(spec.get("data"), shape, want_bytes // _ITEM)
-    if shape[0] > max_images:
-        raise ProtocolError(f"{shape[0]} images in one request; the limit is {max_images} (the model "
-                            "config's max_batch_size, --max-queue)", 413)
-    if not np.isfinite(images).all():
-        raise ProtocolError(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or "
-                            "+-Inf, or beyond the FP32 range); this server accepts finite numbers only")
-    return images
+    return oip.check_images(images, max_images)
 
 
 def _json_data(data: object, shape: list[int], count: int) -> np.ndarray:
@@ -162,27 +130,12 @@ def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[tuple[int
         return [(0, default_binary)]
     if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
         raise ProtocolError(f'outputs must be a list of objects like {{"name": "{art.output_name}"}}')
-    if len(wanted) > 1:
-        raise ProtocolError(f"{len(wanted)} outputs requested; model {art.name!r} has one output "
-                            f"{art.output_name!r}, which may be requested once")
     out = []
     for o in wanted:
-        if o.get("name") != art.output_name:
-            raise ProtocolError(f"unexpected inference output {o.get('name')!r} for model {art.name!r}; "
-                                f"the model has {art.output_name!r}")
         params = _parameters(o, "output")
-        k = _count(params.get("classification", 0), "output parameters.classification")
-        out.append((min(k, art.num_classes), _flag(params, "binary_data", "output", default_binary)))
+        k = oip.classification(o.get("name"), params, art, len(wanted))
+        out.append((k, _flag(params, "binary_data", "output", default_binary)))
     return out
-
-
-def _classes(logits: np.ndarray, k: int, labels: list[str]) -> list[str]:
-    order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    return [f"{logits[n, i]:f}:{i}:{labels[i]}" for n in range(len(logits)) for i in order[n]]
-
-
-def _bytes_tensor(strings: list[str]) -> bytes:
-    return b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in strings))
 
 
 def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelArtifact, name: str = "",
@@ -195,8 +148,8 @@ def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelA
     for k, binary in requested_outputs(req, art):
         if k:
             out: dict[str, Any] = {"name": art.output_name, "datatype": "BYTES", "shape": [len(logits), k]}
-            strings = _classes(logits, k, art.labels)
-            blob, data = (_bytes_tensor(strings), None) if binary else (b"", strings)
+            strings = oip.classes(logits, k, art.labels)
+            blob, data = (oip.bytes_tensor(strings), None) if binary else (b"", strings)
         else:
             out = {"name": art.output_name, "datatype": DATATYPE, "shape": list(logits.shape)}
             flat = np.ascontiguousarray(logits, dtype="<f4")

@@ -1,0 +1,183 @@
+"""The Open Inference Protocol (KServe v2 / Triton) without its wire: what every front end answers.
+
+The HTTP routes (:mod:`..http.kserve`) and the gRPC service (:mod:`..grpc`) both build their answers here:
+server and model metadata, the model configuration (Triton's JSON form of config.pbtxt), statistics, model
+readiness, the checks of an inference input and of the requested outputs, the inference itself under the
+deadline, and the classification extension's strings. Each front end only translates to and from its wire.
+Any refusal is a :class:`ProtocolError` (an :class:`~..errors.APIError`: 400, 413 or 415).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import irpe
+from irpe.artifact import ModelArtifact
+
+from ..errors import APIError
+from ..hosting.host import ModelVersion
+from .service import Service
+
+DATATYPE = "FP32"
+SERVER_NAME = "irpe-deploy"
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "model_repository", "statistics",
+              "parameters"]
+_CODES = {400: "invalid_input", 413: "payload_too_large", 415: "unsupported_media_type"}
+
+
+class ProtocolError(APIError):
+    """A request the protocol refuses: HTTP ``status`` (400, 413 or 415) and a message."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(status, _CODES[status], message)
+
+
+def server_metadata() -> dict[str, Any]:
+    """Server name, version and protocol extensions."""
+    return {"name": SERVER_NAME, "version": irpe.__version__, "extensions": list(EXTENSIONS)}
+
+
+def platform(mv: ModelVersion) -> tuple[str, str]:
+    """Triton's (platform, backend) names for what runs ``mv``."""
+    if mv.info and mv.info.backend == "tensorrt":
+        return "tensorrt_plan", "tensorrt"
+    if mv.info and mv.info.backend == "openvino":
+        return "openvino", "openvino"
+    return "onnxruntime_onnx", "onnxruntime"
+
+
+def model_metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
+    """Inputs, outputs, versions and platform of a model version (with its backend and precision)."""
+    art = mv.art
+    assert art is not None
+    crop = art.preprocess.crop
+    info = mv.info
+    backend, precision = (info.backend, info.precision) if info else ("", None)
+    versions = sorted(m.version for m in service.host.versions() if m.name == mv.name) or [mv.version]
+    return {"name": mv.name, "versions": [str(v) for v in versions], "platform": platform(mv)[0],
+            "parameters": {"backend": backend or None, "precision": precision},
+            "inputs": [{"name": art.input_name, "datatype": DATATYPE, "shape": [-1, 3, crop, crop]}],
+            "outputs": [{"name": art.output_name, "datatype": DATATYPE, "shape": [-1, art.num_classes]}]}
+
+
+def model_config(service: Service, mv: ModelVersion) -> dict[str, Any]:
+    """Triton's JSON form of config.pbtxt, from model.json and what is running: ``max_batch_size`` is the
+    most images one request may carry; the engine's batch sizes are the preferred batch sizes."""
+    art = mv.art
+    assert art is not None
+    s, info = service.settings, mv.info
+    name, backend = platform(mv)
+    gpu = bool(info and info.device == "cuda")
+    policy = service.host.policy_config(mv.name)
+    return {
+        "name": mv.name, "platform": name, "backend": backend, "runtime": "",
+        "version_policy": policy, "max_batch_size": mv.batcher.max_queue if mv.batcher else s.max_queue,
+        "input": [{"name": art.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
+                   "dims": [3, art.preprocess.crop, art.preprocess.crop], "is_shape_tensor": False,
+                   "allow_ragged_batch": False, "optional": False, "is_non_linear_format_io": False}],
+        "output": [{"name": art.output_name, "data_type": "TYPE_FP32", "dims": [art.num_classes],
+                    "label_filename": "", "is_shape_tensor": False, "is_non_linear_format_io": False}],
+        "batch_input": [], "batch_output": [],
+        "dynamic_batching": {"preferred_batch_size": info.batch_sizes if info else [],
+                             "max_queue_delay_microseconds": int(s.max_wait_ms * 1000), "preserve_ordering": False,
+                             "priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {}},
+        "instance_group": [{"name": mv.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",
+                            "count": s.resolved_inference_threads(), "gpus": [0] if gpu else [],
+                            "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
+        "default_model_filename": "model.plan" if backend == "tensorrt" else art.onnx_file,
+        "cc_model_filenames": {}, "metric_tags": {}, "parameters": {}, "model_warmup": []}
+
+
+def statistics(service: Service, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    """Triton's statistics extension: every model's versions, one model's, or one version's (blocking with
+    ``--frontends``, where the engine process counts: call it in a thread)."""
+    if name:
+        mine = [service.model(name, version)] if version else \
+            [mv for mv in service.host.versions() if mv.name == service.model(name).name]
+    else:
+        mine = service.host.versions()
+    return {"model_stats": [mv.batcher.stats.to_triton(mv.name, str(mv.version)) for mv in mine
+                            if mv.batcher is not None]}
+
+
+def model_ready(service: Service, name: str, version: str | None = None) -> bool:
+    """Whether that model (version) is loaded and warm; 404 for a model the repository does not hold."""
+    try:
+        return service.model(name, version).ready
+    except APIError:
+        if name not in service.host.catalog():
+            raise
+        return False
+
+
+def repository_index(service: Service, ready_only: bool = False) -> list[dict[str, str]]:
+    """Triton's model repository index: every model and version, its state and the reason."""
+    return [e for e in service.host.index() if not ready_only or e.get("state") == "READY"]
+
+
+def count(value: object, what: str) -> int:
+    """A non-negative integer the client sent (bool, float and string refused)."""
+    if type(value) is not int or value < 0:
+        raise ProtocolError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def check_input(name: object, datatype: object, shape: object, art: ModelArtifact) -> list[int]:
+    """The one input's name, datatype and shape [N,3,H,W] against the model metadata; the shape."""
+    if name != art.input_name:
+        raise ProtocolError(f"unexpected inference input {name!r} for model {art.name!r}; "
+                            f"the model has {art.input_name!r}")
+    if datatype != DATATYPE:
+        raise ProtocolError(f"inference input {art.input_name!r} data-type is {datatype!r}, "
+                            f"but model {art.name!r} expects {DATATYPE!r}")
+    want = [3, art.preprocess.crop, art.preprocess.crop]
+    if not (isinstance(shape, list) and len(shape) == 4 and shape[1:] == want and type(shape[0]) is int
+            and shape[0] >= 1 and all(type(d) is int for d in shape)):
+        raise ProtocolError(f"unexpected shape for input {art.input_name!r} for model {art.name!r}: expected "
+                            f"[N,{want[0]},{want[1]},{want[2]}] with N >= 1, got {shape}")
+    return shape
+
+
+def check_images(images: np.ndarray, max_images: int) -> np.ndarray:
+    """At most ``max_images`` images (413), finite values only (400)."""
+    if len(images) > max_images:
+        raise ProtocolError(f"{len(images)} images in one request; the limit is {max_images} (the model "
+                            "config's max_batch_size, --max-queue)", 413)
+    if not np.isfinite(images).all():
+        raise ProtocolError(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or "
+                            "+-Inf, or beyond the FP32 range); this server accepts finite numbers only")
+    return images
+
+
+def classification(name: object, params: dict[str, Any], art: ModelArtifact, requested: int) -> int:
+    """The classification extension's k for one requested output (0: the logits themselves); ``requested``:
+    how many outputs the request lists (the model has one, which may be asked for once)."""
+    if requested > 1:
+        raise ProtocolError(f"{requested} outputs requested; model {art.name!r} has one output "
+                            f"{art.output_name!r}, which may be requested once")
+    if name != art.output_name:
+        raise ProtocolError(f"unexpected inference output {name!r} for model {art.name!r}; "
+                            f"the model has {art.output_name!r}")
+    return min(count(params.get("classification", 0), "output parameters.classification"), art.num_classes)
+
+
+def classes(logits: np.ndarray, k: int, labels: list[str]) -> list[str]:
+    """Triton's classification strings ``"score:index:label"``, best first, ``k`` per image (row-major)."""
+    order = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    return [f"{logits[n, i]:f}:{i}:{labels[i]}" for n in range(len(logits)) for i in order[n]]
+
+
+def bytes_tensor(strings: list[str]) -> bytes:
+    """A BYTES tensor's binary form: each element as a 4-byte little-endian length and its bytes."""
+    return b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in strings))
+
+
+async def infer(service: Service, mv: ModelVersion, images: np.ndarray, started: float) -> np.ndarray:
+    """The logits [N, classes] of checked ``images`` on ``mv``'s batcher, within the request deadline."""
+    results = await service.with_deadline(service.infer(list(images), mv), started)
+    logits = np.stack([r.logits for r in results])  # type: ignore[attr-defined]
+    if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
+        raise ProtocolError("the model output is not finite for this input (values too large?)")
+    return logits
