@@ -6,6 +6,7 @@
 #   GPU + TensorRT: docker build --build-arg TENSORRT=1 -t irpe-serve:trt .
 #   CPU:            docker build --build-arg VARIANT=cpu -t irpe-serve:cpu .
 #   Run:            docker run --gpus all -p 8000:8000 -e IRPE_API_KEY=change-me -v $PWD/artifacts:/models:ro irpe-serve:gpu
+# HTTP on 8000; KServe v2 / Triton gRPC on 8001 (publish it with -p 8001:8001; IRPE_GRPC_PORT=-1 turns it off).
 # The image binds 0.0.0.0, so give it a key (IRPE_API_KEY; clients send `Authorization: Bearer <key>`), or
 # opt out explicitly with IRPE_INSECURE=1. Extra `irpe serve` flags go after the image name; every setting
 # is also an IRPE_* variable.
@@ -54,6 +55,7 @@ RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 # hadolint ignore=DL3006
 FROM base-${VARIANT} AS final
 # Extras of irpe-deploy for the CPU image (comma-separated): OpenVINO (`cpu`) by default; CPU_EXTRAS="" for ORT only.
+# Every image also gets the `grpc` extra (the gRPC front end on IRPE_GRPC_PORT).
 ARG CPU_EXTRAS="cpu"
 # Pinned runtimes. onnxruntime-gpu 1.31 on PyPI is built for CUDA 13 + cuDNN 9 and its TensorRT provider links
 # libnvinfer.so.10, so TensorRT is the -cu13 build of a 10.x release.
@@ -68,6 +70,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     IRPE_HOST=0.0.0.0 \
     IRPE_PORT=8000 \
+    IRPE_GRPC_PORT=8001 \
     IRPE_ARTIFACT_DIR=/models \
     ORT_DISABLE_TELEMETRY=1
 COPY --from=wheel /wheels /wheels
@@ -81,7 +84,7 @@ RUN sh /usr/local/lib/irpe/image-install.sh \
 USER 10001
 WORKDIR /models
 VOLUME ["/models"]
-EXPOSE 8000
+EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('IRPE_PORT', '8000') + '/healthz', timeout=4)"]
 STOPSIGNAL SIGTERM

@@ -1,24 +1,30 @@
 #!/bin/sh
 # Runs inside the Dockerfile's final stage (as root): installs the irpe-deploy wheel from /wheels into /opt/venv.
+#   Both: the `grpc` extra (the gRPC front end).
 #   IRPE_DEVICE=cpu:  the wheel + onnxruntime==$ORT_VERSION (+ the extras in $CPU_EXTRAS).
-#   IRPE_DEVICE=cuda: the wheel's serving deps with onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION in place of
-#                     onnxruntime (same module name; CUDA + cuDNN arrive as nvidia-* wheels), TensorRT and
+#   IRPE_DEVICE=cuda: the wheel's serving deps (and the grpc extra's) with onnxruntime-gpu[cuda,cudnn]==
+#                     $ORT_GPU_VERSION in place of onnxruntime (same module name; CUDA + cuDNN arrive as nvidia-* wheels), TensorRT and
 #                     cuda-python when TENSORRT=1, and the wheels' library folders registered with ldconfig.
 set -eu
 wheel="$(ls /wheels/irpe_deploy-*.whl)"
 pip_install() { pip install --no-cache-dir --disable-pip-version-check "$@"; }
 
 if [ "$IRPE_DEVICE" = cpu ]; then
-  pip_install "${wheel}${CPU_EXTRAS:+[$CPU_EXTRAS]}" "onnxruntime==${ORT_VERSION}"
+  pip_install "${wheel}[grpc${CPU_EXTRAS:+,$CPU_EXTRAS}]" "onnxruntime==${ORT_VERSION}"
 else
   pip_install --no-deps "$wheel"
-  # the wheel's own runtime requirements, less onnxruntime (markers kept, extras dropped)
+  # the wheel's own runtime requirements and the grpc extra's, less onnxruntime (markers kept, other extras dropped)
   python - > /tmp/requirements.txt <<'EOF'
 import re
 from importlib.metadata import requires
 for req in requires("irpe-deploy") or []:
-    if "extra ==" not in req and re.split(r"[ ;<>=!~\[]", req, maxsplit=1)[0] != "onnxruntime":
+    spec, _, marker = req.partition(";")
+    if re.split(r"[ ;<>=!~\[]", req, maxsplit=1)[0] == "onnxruntime":
+        continue
+    if "extra ==" not in marker:
         print(req)
+    elif marker.strip() in ('extra == "grpc"', "extra == 'grpc'"):
+        print(spec.strip())
 EOF
   pip_install -r /tmp/requirements.txt "onnxruntime-gpu[cuda,cudnn]==${ORT_GPU_VERSION}"
   rm /tmp/requirements.txt

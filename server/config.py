@@ -23,6 +23,7 @@ class Settings:
     artifact_dir: str = "/models"
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = -1  # the gRPC front end (inference.GRPCInferenceService); -1: off, 0: a free port
     backend: str = "auto"
     device: str = "cpu"
     max_batch: int = 0
@@ -88,6 +89,9 @@ class Settings:
             raise ValueError(f"device {self.device!r}: choose one of {', '.join(DEVICES)}")
         if self.model_control not in MODEL_CONTROL:
             raise ValueError(f"model_control {self.model_control!r}: choose one of {', '.join(MODEL_CONTROL)}")
+        if not -1 <= self.grpc_port < 65536 or self.grpc_port == self.port != 0:
+            raise ValueError(f"grpc_port {self.grpc_port}: give a port other than the HTTP port {self.port}, "
+                             "0 (a free one) or -1 (off)")
         if self.poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s {self.poll_interval_s}: must be positive")
         checks = {"max_batch": self.max_batch >= 0, "max_queue": self.max_queue >= 1,

@@ -13,6 +13,7 @@ from irpe.artifact.builtin import resolve_artifact_dir
 
 from .config import Settings
 from .engines import EngineError
+from .frontend import FrontEndServer
 from .hosting.layout import check_layout, is_plain_artifact, scan
 from .http.protocol import uvicorn_config_kwargs
 from .memory import tune_gc
@@ -37,6 +38,9 @@ def serve(settings: Settings) -> None:
             raise SystemExit(code)
         return
     if settings.workers > 1:
+        if settings.grpc_port >= 0:
+            raise SystemExit("irpe serve: error: --grpc-port serves from one process or from --frontends N, "
+                             "not with --workers; use --frontends")
         os.environ.update(settings.to_env())
         _run_workers(settings)
         return
@@ -65,8 +69,10 @@ def _serve_one(settings: Settings) -> None:
         raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
     tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    server = _AnnouncingServer(config)
+    server = FrontEndServer(config, app.state.irpe)
     server.run()
+    if server.failure:
+        raise SystemExit(f"irpe serve: error: {server.failure}")
     if not server.started:
         raise SystemExit(3)
 
@@ -117,11 +123,3 @@ def _run_workers(settings: Settings) -> None:
     announce(sock.getsockname())
     Multiprocess(config, sockets=[sock]).run()
 
-
-class _AnnouncingServer(uvicorn.Server):
-    """uvicorn.Server that announces the bound address once started."""
-
-    async def startup(self, sockets: list | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self.servers:
-            announce(self.servers[0].sockets[0].getsockname())

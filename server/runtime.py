@@ -26,6 +26,12 @@ def announce(sock_name: tuple) -> None:
     print(f"irpe serve: listening on http://{sock_name[0]}:{sock_name[1]}", file=sys.stderr, flush=True)
 
 
+def announce_grpc(host: str, port: int) -> None:
+    """The same for the gRPC front end (``--grpc-port 0``: the port picked), as ``HOST:PORT`` for gRPC clients."""
+    host = host.strip("[]")
+    print(f"irpe serve: gRPC listening on {f'[{host}]' if ':' in host else host}:{port}", file=sys.stderr, flush=True)
+
+
 def child_setup(name: str, settings: Settings) -> None:
     """In a child: its own session (a terminal's Ctrl-C or a group-wide SIGTERM reaches the supervisor
     only, which stops the front ends before the engine), die with the supervisor, name the OS threads

@@ -23,6 +23,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    "'digits' for the shipped digits model")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--grpc-port", type=int, help="also serve KServe v2 / Triton gRPC (inference.GRPCInferenceService) "
+                   "on this port (0: a free one; default: off; needs the grpc extra)")
     p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"],
                    help="auto: TensorRT on a GPU with a plan; on a CPU OpenVINO for int8/bf16 when installed, "
                    "else ONNX Runtime")
@@ -97,7 +99,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from irpe.server.config import Settings
     from irpe.server.launch import serve
 
-    keys = ["host", "port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
+    keys = ["host", "port", "grpc_port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
             "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
             "jpeg_draft", "precision", *LIMIT_KEYS, "frontends", "model_control", "poll_interval_s", "default_model"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys},

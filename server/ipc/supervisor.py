@@ -24,13 +24,14 @@ import signal
 import socket
 import tempfile
 import time
+from dataclasses import replace
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from ..config import Settings
 from ..http.protocol import uvicorn_config_kwargs
-from ..runtime import announce, child_setup
+from ..runtime import announce, announce_grpc, child_setup
 
 log = logging.getLogger("irpe.server")
 RESTART_BACKOFF_S = 1.0
@@ -38,9 +39,10 @@ SLOTS = 64  # images a front end can have handed to the engine at once (more: 50
 
 
 def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, index: int) -> None:
-    """Front-end process entry point: uvicorn on the shared socket, a FrontendState inside."""
+    """Front-end process entry point: uvicorn on the shared socket (and gRPC on the shared --grpc-port)."""
     import uvicorn
 
+    from ..frontend import FrontEndServer
     from ..hosting.remote import RemoteHost
     from ..http.app import create_app
     from ..memory import tune_gc
@@ -60,13 +62,14 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
     service.load()
     tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    uvicorn.Server(config).run(sockets=[sock])
+    server = FrontEndServer(config, service, announce=False, reuse_port=True)
+    server.run(sockets=[sock])
+    if server.failure:
+        raise SystemExit(f"irpe serve: front end {index}: {server.failure}")
 
 
 def default_frontends(settings: Settings) -> int:
     """Enough front ends to keep the engine busy (:meth:`Settings.resolved_frontends` with ``auto``)."""
-    from dataclasses import replace
-
     return max(1, replace(settings, frontends=-1).resolved_frontends())
 
 
@@ -81,6 +84,22 @@ def bind(settings: Settings) -> socket.socket:
     return sock
 
 
+def reserve_grpc_port(settings: Settings) -> socket.socket:
+    """A socket bound to --grpc-port (0: a free port) that never listens: it holds the port number while
+    every front end binds it too with SO_REUSEPORT and listens (gRPC cannot be handed a socket)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((settings.host.strip("[]"), settings.grpc_port))
+    except OSError as e:
+        sock.close()
+        raise SystemExit(f"irpe serve: error: cannot bind --grpc-port {settings.grpc_port} on {settings.host}: "
+                         f"{e.strerror}; pick another port") from None
+    return sock
+
+
 class Supervisor:
     """Starts, watches and stops the engine and the front ends (see the module docstring)."""
 
@@ -89,6 +108,9 @@ class Supervisor:
         self.ctx = multiprocessing.get_context("spawn")
         self.engine_path = str(workdir / "engine.sock")
         self.sock = bind(settings)
+        self.grpc_sock = reserve_grpc_port(settings) if settings.grpc_port >= 0 else None
+        if self.grpc_sock is not None:  # the front ends bind the port picked here
+            self.settings = replace(settings, grpc_port=self.grpc_sock.getsockname()[1])
         self.engine: BaseProcess | None = None
         self.fronts: list[BaseProcess | None] = [None] * frontends
         self.started: list[float] = [0.0] * frontends
@@ -117,6 +139,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
         announce(self.sock.getsockname())  # --port 0: the port the kernel picked
+        if self.grpc_sock is not None:
+            announce_grpc(self.settings.host, self.settings.grpc_port)
         self._start_engine()
         if self._engine_loaded():  # a model that cannot load: one error line, no front end to stop
             for i in range(self.n):
@@ -124,6 +148,8 @@ class Supervisor:
         log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
                  self.settings.host, self.settings.port, self.n, self.engine.pid if self.engine else "?")
         code = self._watch()
+        if self.grpc_sock is not None:
+            self.grpc_sock.close()
         self.sock.close()  # the front ends close theirs as they stop: new connections are refused, not queued
         self._stop_frontends()
         self._stop_engine()

@@ -1,0 +1,56 @@
+"""The servers of one front-end process (one process, or each of ``--frontends``): uvicorn for HTTP and,
+with ``--grpc-port``, the gRPC server (:mod:`.grpc`) on the same event loop over the same
+:class:`~.pipeline.service.Service`. The gRPC front end is imported only then (it needs the ``grpc`` extra,
+whose protobuf messages clash with the kserve package's in one process)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import uvicorn
+
+from .pipeline.service import Service
+from .runtime import announce, announce_grpc
+
+log = logging.getLogger("irpe.server")
+
+
+class FrontEndServer(uvicorn.Server):
+    """uvicorn.Server that also runs the gRPC server while it serves; ``announce``: print the bound addresses
+    once started (one process; the ``--frontends`` supervisor announces for its front ends)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service, announce: bool = True, reuse_port: bool = False):
+        super().__init__(config)
+        self.service, self.announce, self.reuse_port = service, announce, reuse_port
+        self.grpc: Any = None
+        self.failure = ""
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        if self.announce and self.servers:
+            announce(self.servers[0].sockets[0].getsockname())
+        port = self.service.settings.grpc_port
+        if port < 0:
+            return
+        from .grpc.server import start_grpc
+
+        try:
+            self.grpc, bound = await start_grpc(self.service, port, self.reuse_port)
+        except RuntimeError as e:
+            self.failure = f"{e} (is the port in use? pick another --grpc-port)"
+            log.error("%s", self.failure)
+            self.should_exit = True
+            return
+        if self.announce:
+            announce_grpc(self.service.settings.host, bound)
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        if self.grpc is not None:  # running RPCs finish within the deadline, as HTTP requests do
+            from .grpc.server import stop_grpc
+
+            await stop_grpc(self.grpc, self.service.settings.timeout_s)
+            self.grpc = None
+        await super().shutdown(sockets)

@@ -1,0 +1,119 @@
+"""The gRPC wire of the Open Inference Protocol: protobuf messages to and from what :mod:`..pipeline.oip` checks
+and answers.
+
+The messages are ``tritonclient.grpc``'s, generated from the published ``grpc_service.proto`` and
+``model_config.proto`` (the ``grpc`` extra). An inference request carries the one FP32 input ``images``
+[N,3,H,W] either as ``raw_input_contents`` (little-endian bytes, Triton's and perf_analyzer's way) or as
+typed ``contents.fp32_contents``; the answer always carries its output in ``raw_output_contents``, as Triton
+does. An output with ``parameters["classification"]`` k gets the classification extension's BYTES strings.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as config_pb2
+from tritonclient.grpc import service_pb2 as pb
+
+from irpe.artifact import ModelArtifact
+
+from ..pipeline import oip
+from ..pipeline.oip import ProtocolError
+
+_ITEM = 4  # bytes per FP32
+
+
+def param_value(p: pb.InferParameter) -> Any:
+    """An ``InferParameter``'s value (bool, int, str or float; None when unset)."""
+    which = p.WhichOneof("parameter_choice")
+    return getattr(p, which) if which else None
+
+
+def params(field: Any) -> dict[str, Any]:
+    """A ``map<string, InferParameter>`` as a plain dict."""
+    return {k: param_value(v) for k, v in field.items()}
+
+
+def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int) -> np.ndarray:
+    """The checked ``images`` array of an inference request (every check before any inference)."""
+    if len(req.inputs) != 1:
+        raise ProtocolError(f"expected exactly one input {art.input_name!r}, got {len(req.inputs)}")
+    spec = req.inputs[0]
+    shape = oip.check_input(spec.name, spec.datatype, list(spec.shape), art)
+    count = math.prod(shape)
+    typed = spec.contents.fp32_contents
+    others = [f.name for f, _ in spec.contents.ListFields() if f.name != "fp32_contents"]
+    if others:
+        raise ProtocolError(f"input {spec.name!r} is FP32: send fp32_contents or raw_input_contents, not "
+                            f"{others[0]}")
+    if req.raw_input_contents:
+        if len(typed):
+            raise ProtocolError("send the input either as raw_input_contents or as contents, not both")
+        if len(req.raw_input_contents) != 1:
+            raise ProtocolError(f"raw_input_contents has {len(req.raw_input_contents)} entries; the model has "
+                                "one input")
+        raw = req.raw_input_contents[0]
+        if len(raw) != count * _ITEM:
+            raise ProtocolError(f"input {spec.name!r}: raw_input_contents has {len(raw)} bytes; shape {shape} "
+                                f"FP32 needs {count * _ITEM}")
+        images = np.frombuffer(raw, dtype="<f4").reshape(shape)
+    else:
+        if len(typed) != count:
+            raise ProtocolError(f"input {spec.name!r}: contents.fp32_contents has {len(typed)} values; shape "
+                                f"{shape} needs {count} (or send raw_input_contents)")
+        images = np.asarray(typed, dtype=np.float32).reshape(shape)
+    return oip.check_images(images, max_images)
+
+
+def requested(req: pb.ModelInferRequest, art: ModelArtifact) -> int:
+    """The classification k the request asks for (0: the logits; no outputs listed: the logits)."""
+    outs = req.outputs
+    if not outs:
+        return 0
+    return oip.classification(outs[0].name, params(outs[0].parameters), art, len(outs))
+
+
+def encode_infer(req: pb.ModelInferRequest, logits: np.ndarray, k: int, art: ModelArtifact, name: str,
+                 version: str, request_id: str) -> pb.ModelInferResponse:
+    """The answer: the logits as FP32, or k classification strings per image as BYTES."""
+    out = pb.ModelInferResponse(model_name=name, model_version=version, id=req.id or request_id)
+    tensor = out.outputs.add(name=art.output_name)
+    if k:
+        tensor.datatype = "BYTES"
+        tensor.shape.extend([len(logits), k])
+        out.raw_output_contents.append(oip.bytes_tensor(oip.classes(logits, k, art.labels)))
+    else:
+        tensor.datatype = oip.DATATYPE
+        tensor.shape.extend(logits.shape)
+        out.raw_output_contents.append(np.ascontiguousarray(logits, dtype="<f4").tobytes())
+    return out
+
+
+def server_metadata() -> pb.ServerMetadataResponse:
+    """Server name, version and extensions."""
+    return pb.ServerMetadataResponse(**oip.server_metadata())
+
+
+def model_metadata(meta: dict[str, Any]) -> pb.ModelMetadataResponse:
+    """:func:`..pipeline.oip.model_metadata` as the message (which has no ``parameters``)."""
+    tensors = {k: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[k]] for k in ("inputs", "outputs")}
+    return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+                                    **tensors)
+
+
+def model_config(config: dict[str, Any]) -> pb.ModelConfigResponse:
+    """Triton's model configuration message from its JSON form."""
+    return pb.ModelConfigResponse(config=json_format.ParseDict(config, config_pb2.ModelConfig()))
+
+
+def statistics(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:
+    """Triton's statistics message from its JSON form."""
+    return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
+
+def repository_index(entries: list[dict[str, str]]) -> pb.RepositoryIndexResponse:
+    """The repository index message."""
+    return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])

@@ -1,0 +1,196 @@
+"""``inference.GRPCInferenceService`` over the request pipeline (:class:`~..pipeline.service.Service`).
+
+Every RPC asks the same Service the HTTP routes ask (:mod:`..pipeline.oip` builds the answers), so the model
+lookup, the queue, the deadline and the repository are one. The API key travels as the ``authorization``
+metadata (``Bearer <key>``); ServerLive and ServerReady need none, as /v2/health/* over HTTP. An
+:class:`~..errors.APIError` ends the RPC with the status Triton uses (:mod:`.status`); in ModelStreamInfer it
+becomes that response's ``error_message`` and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from ..errors import APIError
+from ..pipeline import oip
+from ..pipeline.service import Service
+from . import codec
+from .status import grpc_code
+
+log = logging.getLogger("irpe.server")
+Handler = Callable[..., Awaitable[Any]]
+
+
+def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
+    """True when no key is set or the call carries ``authorization: Bearer <key>``."""
+    if not key:
+        return True
+    for name, value in context.invocation_metadata() or ():
+        if name == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return False
+
+
+def rpc(open_: bool = False) -> Callable[[Handler], Handler]:
+    """A unary RPC: the key checked (unless ``open_``), an APIError answered with its gRPC status."""
+
+    def wrap(fn: Handler) -> Handler:
+        @functools.wraps(fn)
+        async def call(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                if not open_:
+                    self.check_key(context)
+                return await fn(self, request, context)
+            except APIError as e:
+                await context.abort(grpc_code(e.status), e.message)
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception:
+                log.exception("unhandled error in gRPC %s", fn.__name__)
+                await context.abort(grpc.StatusCode.INTERNAL, "unexpected server error; it has been logged")
+
+        return call
+
+    return wrap
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The RPCs (the CUDA shared-memory, log and trace RPCs answer UNIMPLEMENTED)."""
+
+    def __init__(self, service: Service):
+        self.service = service
+
+    def check_key(self, context: grpc.aio.ServicerContext) -> None:
+        if not authorized(context, self.service.settings.api_key):
+            raise APIError(401, "unauthorized", "missing or wrong API key; send the metadata "
+                           "'authorization: Bearer <key>'")
+
+    @rpc(open_=True)
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @rpc(open_=True)
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        self.service.check_workers()
+        return pb.ServerReadyResponse(ready=self.service.ready)
+
+    @rpc()
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=oip.model_ready(self.service, request.name, request.version or None))
+
+    @rpc()
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        return codec.server_metadata()
+
+    @rpc()
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        mv = self.service.model(request.name, request.version or None)
+        return codec.model_metadata(oip.model_metadata(self.service, mv))
+
+    @rpc()
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        mv = self.service.model(request.name, request.version or None)
+        return codec.model_config(oip.model_config(self.service, mv))
+
+    @rpc()
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: Any) -> pb.ModelStatisticsResponse:
+        stats = await asyncio.to_thread(oip.statistics, self.service, request.name or None, request.version or None)
+        return codec.statistics(stats)
+
+    @rpc()
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: Any) -> pb.RepositoryIndexResponse:
+        return codec.repository_index(oip.repository_index(self.service, request.ready))
+
+    @rpc()
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: Any) -> pb.RepositoryModelLoadResponse:
+        if request.parameters:
+            raise APIError(400, "invalid_input", f"load parameters {sorted(request.parameters)} are not "
+                           "supported: models load from the repository on disk as they are")
+        await asyncio.to_thread(self.service.control, request.model_name, True)
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc()
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: Any) -> pb.RepositoryModelUnloadResponse:
+        await asyncio.to_thread(self.service.control, request.model_name, False)
+        return pb.RepositoryModelUnloadResponse()
+
+    @rpc()
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await self.infer(request)
+
+    async def infer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """One inference: look up and hold the version, decode and check in the pool, infer, answer."""
+        started = time.perf_counter()
+        service = self.service
+        name, version = req.model_name, req.model_version or None
+        if not service.host.knows(name):
+            service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
+        with service.use(name, version) as mv:
+            art = mv.art
+            assert art is not None
+            loop = asyncio.get_running_loop()
+            images = await loop.run_in_executor(service.pool, codec.decode_infer, req, art,
+                                                service.settings.max_queue)
+            k = codec.requested(req, art)
+            logits = await oip.infer(service, mv, images, started)
+            return codec.encode_infer(req, logits, k, art, mv.name, str(mv.version), uuid.uuid4().hex)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests of one stream run concurrently (they batch together); answers come as they finish, each
+        with its request's id; a failed request is an answer with ``error_message``."""
+        try:
+            self.check_key(context)
+        except APIError as e:
+            await context.abort(grpc_code(e.status), e.message)
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        feeder = asyncio.ensure_future(self._feed(request_iterator, answers))
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            feeder.cancel()
+
+    async def _feed(self, requests: AsyncIterator[pb.ModelInferRequest],
+                    answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            async for req in requests:
+                task = asyncio.ensure_future(self._stream_one(req, answers))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            answers.put_nowait(None)
+
+    async def _stream_one(self, req: pb.ModelInferRequest,
+                          answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
+        try:
+            answer = pb.ModelStreamInferResponse(infer_response=await self.infer(req))
+        except APIError as e:
+            answer = pb.ModelStreamInferResponse(error_message=e.message,
+                                                 infer_response=pb.ModelInferResponse(id=req.id))
+        except Exception:
+            log.exception("unhandled error in gRPC ModelStreamInfer")
+            answer = pb.ModelStreamInferResponse(error_message="unexpected server error; it has been logged",
+                                                 infer_response=pb.ModelInferResponse(id=req.id))
+        answers.put_nowait(answer)
