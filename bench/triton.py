@@ -178,11 +178,13 @@ def irpe_server(artifact: Path, server_args: tuple[str, ...]) -> Iterator[dict[s
     file); yields the URL per protocol."""
     from .serve import _free_port, server_process
 
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
+    while grpc_port == port:
+        grpc_port = _free_port()
     with tempfile.TemporaryFile() as log, \
-            server_process(["-m", "irpe.cli", "serve", str(artifact), "--port", str(port), *server_args], port,
-                           stderr=log):
-        yield {"http": f"127.0.0.1:{port}"}
+            server_process(["-m", "irpe.cli", "serve", str(artifact), "--port", str(port), "--grpc-port",
+                            str(grpc_port), *server_args], port, stderr=log):
+        yield {"http": f"127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}"}
 
 
 @contextmanager

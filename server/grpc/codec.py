@@ -22,6 +22,7 @@ from irpe.artifact import ModelArtifact
 
 from ..pipeline import oip
 from ..pipeline.oip import ProtocolError
+from ..pipeline.sysshm import SharedMemoryRegistry
 
 _ITEM = 4  # bytes per FP32
 
@@ -37,21 +38,31 @@ def params(field: Any) -> dict[str, Any]:
     return {k: param_value(v) for k, v in field.items()}
 
 
-def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int) -> np.ndarray:
+def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
+                 shm: SharedMemoryRegistry) -> np.ndarray:
     """The checked ``images`` array of an inference request (every check before any inference)."""
     if len(req.inputs) != 1:
         raise ProtocolError(f"expected exactly one input {art.input_name!r}, got {len(req.inputs)}")
     spec = req.inputs[0]
     shape = oip.check_input(spec.name, spec.datatype, list(spec.shape), art)
-    count = math.prod(shape)
-    typed = spec.contents.fp32_contents
     others = [f.name for f, _ in spec.contents.ListFields() if f.name != "fp32_contents"]
     if others:
         raise ProtocolError(f"input {spec.name!r} is FP32: send fp32_contents or raw_input_contents, not "
                             f"{others[0]}")
+    given = [what for what, there in (("raw_input_contents", bool(req.raw_input_contents)),
+                                      ("contents", bool(spec.contents.fp32_contents)),
+                                      ("shared_memory_region", "shared_memory_region" in spec.parameters)) if there]
+    if len(given) > 1:
+        raise ProtocolError(f"input {spec.name!r} must set only one of {' and '.join(given)}")
+    ref = oip.shm_ref(params(spec.parameters), "input")
+    if ref is not None:
+        return oip.check_images(oip.shm_input(shm, ref, spec.name, shape), max_images)
+    return oip.check_images(_tensor(req, spec, shape), max_images)
+
+
+def _tensor(req: pb.ModelInferRequest, spec: Any, shape: list[int]) -> np.ndarray:
+    count = math.prod(shape)
     if req.raw_input_contents:
-        if len(typed):
-            raise ProtocolError("send the input either as raw_input_contents or as contents, not both")
         if len(req.raw_input_contents) != 1:
             raise ProtocolError(f"raw_input_contents has {len(req.raw_input_contents)} entries; the model has "
                                 "one input")
@@ -59,36 +70,47 @@ def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int)
         if len(raw) != count * _ITEM:
             raise ProtocolError(f"input {spec.name!r}: raw_input_contents has {len(raw)} bytes; shape {shape} "
                                 f"FP32 needs {count * _ITEM}")
-        images = np.frombuffer(raw, dtype="<f4").reshape(shape)
-    else:
-        if len(typed) != count:
-            raise ProtocolError(f"input {spec.name!r}: contents.fp32_contents has {len(typed)} values; shape "
-                                f"{shape} needs {count} (or send raw_input_contents)")
-        images = np.asarray(typed, dtype=np.float32).reshape(shape)
-    return oip.check_images(images, max_images)
+        return np.frombuffer(raw, dtype="<f4").reshape(shape)
+    typed = spec.contents.fp32_contents
+    if len(typed) != count:
+        raise ProtocolError(f"input {spec.name!r}: contents.fp32_contents has {len(typed)} values; shape "
+                            f"{shape} needs {count} (or send raw_input_contents)")
+    return np.asarray(typed, dtype=np.float32).reshape(shape)
 
 
-def requested(req: pb.ModelInferRequest, art: ModelArtifact) -> int:
-    """The classification k the request asks for (0: the logits; no outputs listed: the logits)."""
+def requested(req: pb.ModelInferRequest, art: ModelArtifact, images: int,
+              shm: SharedMemoryRegistry) -> tuple[int, oip.ShmRef | None]:
+    """The classification k the request asks for (0: the logits; no outputs listed: the logits), and the
+    shared-memory region the logits go to (checked before inference: it exists and holds them)."""
     outs = req.outputs
     if not outs:
-        return 0
-    return oip.classification(outs[0].name, params(outs[0].parameters), art, len(outs))
+        return 0, None
+    given = params(outs[0].parameters)
+    k = oip.classification(outs[0].name, given, art, len(outs))
+    ref = oip.shm_ref(given, "output")
+    if ref is not None:
+        if k:
+            raise ProtocolError("an output can't set both 'shared_memory_region' and 'classification'")
+        shm.status(ref.region)  # 404 when not registered
+        oip.shm_fits(ref, art.output_name, images * art.num_classes * _ITEM)
+    return k, ref
 
 
 def encode_infer(req: pb.ModelInferRequest, logits: np.ndarray, k: int, art: ModelArtifact, name: str,
                  version: str, request_id: str) -> pb.ModelInferResponse:
-    """The answer: the logits as FP32, or k classification strings per image as BYTES."""
+    """The answer: the logits as FP32, or k classification strings per image as BYTES (``raw_output_contents``
+    empty when the logits went to shared memory: pass ``k`` -1)."""
     out = pb.ModelInferResponse(model_name=name, model_version=version, id=req.id or request_id)
     tensor = out.outputs.add(name=art.output_name)
-    if k:
+    if k > 0:
         tensor.datatype = "BYTES"
         tensor.shape.extend([len(logits), k])
         out.raw_output_contents.append(oip.bytes_tensor(oip.classes(logits, k, art.labels)))
     else:
         tensor.datatype = oip.DATATYPE
         tensor.shape.extend(logits.shape)
-        out.raw_output_contents.append(np.ascontiguousarray(logits, dtype="<f4").tobytes())
+        if k == 0:
+            out.raw_output_contents.append(np.ascontiguousarray(logits, dtype="<f4").tobytes())
     return out
 
 
@@ -117,3 +139,11 @@ def statistics(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:
 def repository_index(entries: list[dict[str, str]]) -> pb.RepositoryIndexResponse:
     """The repository index message."""
     return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
+
+
+def shm_status(regions: list[dict[str, Any]]) -> pb.SystemSharedMemoryStatusResponse:
+    """The registered system shared-memory regions, keyed by name."""
+    out = pb.SystemSharedMemoryStatusResponse()
+    for r in regions:
+        out.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
+    return out

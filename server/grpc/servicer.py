@@ -38,7 +38,7 @@ def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
         return True
     for name, value in context.invocation_metadata() or ():
         if name == "authorization" and isinstance(value, str):
-            scheme, _, token = value.partition(" ")
+            scheme, _, token = value.strip().partition(" ")
             return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
     return False
 
@@ -131,6 +131,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     @rpc()
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
+                                         context: Any) -> pb.SystemSharedMemoryRegisterResponse:
+        self.service.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc()
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
+                                       context: Any) -> pb.SystemSharedMemoryStatusResponse:
+        return codec.shm_status(self.service.shm.status(request.name or None))
+
+    @rpc()
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                           context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.service.shm.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc()
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         return await self.infer(request)
 
@@ -146,10 +163,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             assert art is not None
             loop = asyncio.get_running_loop()
             images = await loop.run_in_executor(service.pool, codec.decode_infer, req, art,
-                                                service.settings.max_queue)
-            k = codec.requested(req, art)
+                                                service.settings.max_queue, service.shm)
+            k, ref = codec.requested(req, art, len(images), service.shm)
             logits = await oip.infer(service, mv, images, started)
-            return codec.encode_infer(req, logits, k, art, mv.name, str(mv.version), uuid.uuid4().hex)
+            if ref is not None:
+                oip.shm_output(service.shm, ref, art.output_name, logits)
+            return codec.encode_infer(req, logits, -1 if ref else k, art, mv.name, str(mv.version),
+                                      uuid.uuid4().hex)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:

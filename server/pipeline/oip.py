@@ -9,7 +9,8 @@ Any refusal is a :class:`ProtocolError` (an :class:`~..errors.APIError`: 400, 41
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from irpe.artifact import ModelArtifact
 from ..errors import APIError
 from ..hosting.host import ModelVersion
 from .service import Service
+from .sysshm import SharedMemoryRegistry
 
 DATATYPE = "FP32"
 SERVER_NAME = "irpe-deploy"
@@ -181,3 +183,48 @@ async def infer(service: Service, mv: ModelVersion, images: np.ndarray, started:
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
         raise ProtocolError("the model output is not finite for this input (values too large?)")
     return logits
+
+
+class ShmRef(NamedTuple):
+    """Where a tensor lies in a registered client shared-memory region (Triton's system shared memory)."""
+
+    region: str
+    offset: int
+    size: int
+
+
+def shm_ref(params: dict[str, Any], where: str) -> ShmRef | None:
+    """``shared_memory_region``/``_offset``/``_byte_size`` of an input's or output's parameters, or None."""
+    region = params.get("shared_memory_region")
+    if region is None:
+        return None
+    if not isinstance(region, str):
+        raise ProtocolError(f"{where}.parameters.shared_memory_region must be a string, got {region!r}")
+    if "shared_memory_byte_size" not in params:
+        raise ProtocolError(f"{where} names shared memory region {region!r} without shared_memory_byte_size")
+    size = count(params["shared_memory_byte_size"], f"{where}.parameters.shared_memory_byte_size")
+    return ShmRef(region, count(params.get("shared_memory_offset", 0), f"{where}.parameters.shared_memory_offset"),
+                  size)
+
+
+def shm_input(shm: SharedMemoryRegistry, ref: ShmRef, name: str, shape: list[int]) -> np.ndarray:
+    """The FP32 input of ``shape`` read from its region (the byte size must match the shape exactly)."""
+    want = math.prod(shape) * 4
+    if ref.size != want:
+        raise ProtocolError(f"input byte size mismatch for input {name!r}: expected {want} bytes for shape "
+                            f"{shape} (FP32), got shared_memory_byte_size {ref.size}")
+    return shm.read_array(ref.region, ref.offset, ref.size, "<f4", shape)
+
+
+def shm_output(shm: SharedMemoryRegistry, ref: ShmRef, name: str, logits: np.ndarray) -> None:
+    """Write the FP32 logits into the region the requested output names (it must hold them)."""
+    flat = np.ascontiguousarray(logits, dtype="<f4")
+    shm_fits(ref, name, flat.nbytes)
+    shm.write(ref.region, ref.offset, flat.tobytes())
+
+
+def shm_fits(ref: ShmRef, name: str, nbytes: int) -> None:
+    """An output region must hold the ``nbytes`` of the answer."""
+    if ref.size < nbytes:
+        raise ProtocolError(f"shared memory size specified with the request for output {name!r} ({ref.size} "
+                            f"bytes) should be at least {nbytes} bytes to hold the results")

@@ -146,7 +146,8 @@ def errors(address: str, key: str) -> dict[str, str]:
         "no_key": _code(lambda: c.infer(MODEL, [_input(images(1, 0))])),
         "wrong_key": _code(lambda: c.get_model_metadata(MODEL, headers={"authorization": "Bearer nope"})),
         "live_without_key": _code(c.is_server_live),
-        "shared_memory": _code(lambda: c.get_cuda_shared_memory_status(headers=h)),
+        "cuda_shared_memory": _code(lambda: c.get_cuda_shared_memory_status(headers=h)),
+        "shm_off": _code(lambda: c.register_system_shared_memory("r", "/grpctest_none", 4, headers=h)),
     }
 
 
@@ -198,7 +199,46 @@ def kserve(address: str, key: str) -> dict[str, Any]:
     return asyncio.run(main())
 
 
-MODES = {"triton": triton, "aio": aio, "stream": stream, "errors": errors, "burst": burst, "kserve": kserve}
+def shm(address: str, key: str) -> dict[str, Any]:
+    """System shared memory: the input read from one region, the logits written to another."""
+    import os
+
+    import tritonclient.grpc as g
+    import tritonclient.utils.shared_memory as shm_util
+
+    x, h = images(2, 9), _headers(key)
+    c = g.InferenceServerClient(address)
+    keys = (f"/grpctest_in_{os.getpid()}", f"/grpctest_out_{os.getpid()}")
+    regions = [shm_util.create_shared_memory_region(f"r{i}", k, size) for i, (k, size) in
+               enumerate(zip(keys, (x.nbytes, 2 * 10 * 4), strict=True))]
+    try:
+        shm_util.set_shared_memory_region(regions[0], [x])
+        c.register_system_shared_memory("in", keys[0], x.nbytes, headers=h)
+        c.register_system_shared_memory("out", keys[1], 80, headers=h)
+        status = c.get_system_shared_memory_status(headers=h, as_json=True)
+        inp = g.InferInput("images", list(x.shape), "FP32")
+        inp.set_shared_memory("in", x.nbytes)
+        out = g.InferRequestedOutput("logits")
+        out.set_shared_memory("out", 80)
+        res = c.infer(MODEL, [inp], outputs=[out], headers=h)
+        got = shm_util.get_contents_as_numpy(regions[1], np.float32, [2, 10]).tolist()
+        small = g.InferRequestedOutput("logits")
+        small.set_shared_memory("out", 40)
+        too_small = _code(lambda: c.infer(MODEL, [inp], outputs=[small], headers=h))
+        c.unregister_system_shared_memory("in", headers=h)
+        gone = _code(lambda: c.infer(MODEL, [inp], headers=h))
+        c.unregister_system_shared_memory(headers=h)
+        after = c.get_system_shared_memory_status(headers=h, as_json=True)
+        return {"status": status, "logits": got, "raw_outputs": len(res.get_response().raw_output_contents),
+                "too_small": too_small, "gone": gone, "after": after}
+    finally:
+        for r in regions:
+            shm_util.destroy_shared_memory_region(r)
+        c.close()
+
+
+MODES = {"triton": triton, "aio": aio, "stream": stream, "errors": errors, "burst": burst, "kserve": kserve,
+         "shm": shm}
 
 if __name__ == "__main__":
     mode, address = sys.argv[1], sys.argv[2]

@@ -111,7 +111,7 @@ def test_status_codes(server: ServerProcess) -> None:
               "non_finite": ("INVALID_ARGUMENT", "non-finite"), "wrong_output": ("INVALID_ARGUMENT", "probs"),
               "too_big": ("RESOURCE_EXHAUSTED", "larger than max"), "no_key": ("UNAUTHENTICATED", "Bearer"),
               "wrong_key": ("UNAUTHENTICATED", "API key"), "live_without_key": ("OK", ""),
-              "shared_memory": ("UNIMPLEMENTED", "")}
+              "cuda_shared_memory": ("UNIMPLEMENTED", ""), "shm_off": ("PERMISSION_DENIED", "--allow-client-shm")}
     for name, (code, needle) in expect.items():
         assert code in got[name] and needle in got[name], (name, got[name])
 
@@ -165,3 +165,19 @@ def test_grpc_port_settings_and_a_taken_port(tiny_artifact: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "irpe", "serve", str(tiny_artifact), "--port", "0", "--grpc-port", "0",
                           "--workers", "2"], cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "not with --workers" in out.stderr
+
+
+def test_system_shared_memory_in_and_out(tiny_artifact: Path) -> None:
+    proc = start_server(tiny_artifact, "--grpc-port", "0", "--frontends", "0",
+                        env=server_env(IRPE_ALLOW_CLIENT_SHM="1"))
+    try:
+        got = run_client("shm", grpc_address(proc), "")
+    finally:
+        proc.stop()
+        proc.log.unlink(missing_ok=True)
+    assert sorted(got["status"]["regions"]) == ["in", "out"]
+    assert got["status"]["regions"]["out"]["byte_size"] == "80"
+    assert _close(got["logits"], images(2, 9)) and got["raw_outputs"] == 0
+    assert "INVALID_ARGUMENT" in got["too_small"] and "at least 80 bytes" in got["too_small"]
+    assert "NOT_FOUND" in got["gone"] and "'in'" in got["gone"]
+    assert got["after"] == {}
