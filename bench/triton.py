@@ -113,18 +113,29 @@ def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:
             "-s", "1000", "--max-trials", "3"]
 
 
-def run_pa(command: list[str], args: list[str], timeout_s: float = 300.0) -> Measure:
-    """Run perf_analyzer once and parse its report."""
-    try:
-        out = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        raise BenchError(f"perf_analyzer ran past {timeout_s:.0f} s: {' '.join(args)}") from e
-    except FileNotFoundError as e:
-        raise BenchError(f"{command[0]} not found: pass --perf-analyzer 'CMD'") from e
-    if out.returncode != 0:
-        raise BenchError(f"perf_analyzer failed ({out.returncode}) on {' '.join(args)}:\n"
-                         f"{(out.stdout + out.stderr)[-2000:]}")
-    return parse_output(out.stdout)
+def run_pa(command: list[str], args: list[str], timeout_s: float = 300.0, tries: int = 2) -> Measure:
+    """Run perf_analyzer once and parse its report; a run that reports nothing (no stable window on a busy
+    machine) is repeated once with windows twice as long."""
+    for attempt in range(tries):
+        try:
+            out = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise BenchError(f"perf_analyzer ran past {timeout_s:.0f} s: {' '.join(args)}") from e
+        except FileNotFoundError as e:
+            raise BenchError(f"{command[0]} not found: pass --perf-analyzer 'CMD'") from e
+        text = f"{out.stdout}\n{out.stderr}"
+        if out.returncode == 0 and "Throughput:" in out.stdout:
+            try:
+                return parse_output(out.stdout)
+            except BenchError:
+                pass
+        if attempt + 1 < tries and "--measurement-interval" in args:
+            i = args.index("--measurement-interval") + 1
+            args = [*args[:i], str(2 * int(args[i])), *args[i + 1:]]
+    with tempfile.NamedTemporaryFile("w", prefix="irpe-bench-triton-pa-", suffix=".txt", delete=False) as f:
+        f.write(text)
+    raise BenchError(f"perf_analyzer failed ({out.returncode}) on {' '.join(args)} (its output: {f.name}):\n"
+                     f"{text[-2000:]}")
 
 
 @dataclass
@@ -173,18 +184,18 @@ def format_cells(title: str, cells: list[Cell]) -> str:
 
 
 @contextmanager
-def irpe_server(artifact: Path, server_args: tuple[str, ...]) -> Iterator[dict[str, str]]:
-    """``irpe serve ARTIFACT`` with the defaults a user gets (access log on, into a temporary
-    file); yields the URL per protocol."""
+def irpe_server(artifact: Path, server_args: tuple[str, ...], grpc: bool) -> Iterator[dict[str, str]]:
+    """``irpe serve ARTIFACT`` with the defaults a user gets (access log on, into a temporary file), and
+    ``--grpc-port`` when ``grpc``; yields the URL per protocol."""
     from .serve import _free_port, server_process
 
     port, grpc_port = _free_port(), _free_port()
     while grpc_port == port:
         grpc_port = _free_port()
+    args = ["-m", "irpe.cli", "serve", str(artifact), "--port", str(port), *server_args]
     with tempfile.TemporaryFile() as log, \
-            server_process(["-m", "irpe.cli", "serve", str(artifact), "--port", str(port), "--grpc-port",
-                            str(grpc_port), *server_args], port, stderr=log):
-        yield {"http": f"127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}"}
+            server_process([*args, "--grpc-port", str(grpc_port)] if grpc else args, port, stderr=log):
+        yield {"http": f"127.0.0.1:{port}", **({"grpc": f"127.0.0.1:{grpc_port}"} if grpc else {})}
 
 
 @contextmanager
@@ -223,7 +234,7 @@ def bench_artifact(artifact: Path, opts: Options, command: list[str]) -> list[Ce
 
     name = load_artifact(artifact).name
     with ExitStack() as stack:
-        urls = {"irpe": stack.enter_context(irpe_server(artifact, opts.server_args)),
+        urls = {"irpe": stack.enter_context(irpe_server(artifact, opts.server_args, "grpc" in opts.protocols)),
                 "triton": stack.enter_context(triton_server(artifact, opts.instances or usable_cpus(),
                                                             opts.threads, opts.max_batch))}
         missing = [f"{s} over {p}" for s in SERVERS for p in opts.protocols if p not in urls[s]]

@@ -25,7 +25,7 @@ from ..config import Settings
 from ..engines import EngineError
 from ..pipeline.service import Service, local_service
 from ..runtime import configure_logging
-from . import classify, kserve, routes
+from . import classify, infer_fast, kserve, routes
 from .errors import drop_default_validation_error, install_error_handlers
 from .middleware import ObserveMiddleware
 from .tracing import TraceMiddleware, otlp_tracer
@@ -52,15 +52,21 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 class IrpeApp(FastAPI):
-    """FastAPI, with the common ``POST /classify`` sent through our middleware to the endpoint directly
-    (:mod:`.classify`); every other request takes FastAPI's way."""
+    """FastAPI, with the common ``POST /classify`` and ``POST /v2/models/{m}/infer`` sent through our
+    middleware to their endpoints directly (:mod:`.classify`, :mod:`.infer_fast`); every other request takes
+    FastAPI's way."""
 
     classify_stack: Any = None
+    infer_stack: Any = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if self.classify_stack is not None and (params := classify.fast_params(scope)) is not None:
             scope["app"], scope["irpe.classify"] = self, params
             await self.classify_stack(scope, receive, send)
+            return
+        if self.infer_stack is not None and (names := infer_fast.infer_params(scope)) is not None:
+            scope["app"], scope["irpe.infer"] = self, names
+            await self.infer_stack(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -83,6 +89,8 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     app.add_middleware(TraceMiddleware, tracer=tracer)  # outermost: request id + trace on every answer
     app.classify_stack = TraceMiddleware(ObserveMiddleware(classify.ClassifyEndpoint(service), service=service),
                                          tracer=tracer)
+    app.infer_stack = TraceMiddleware(ObserveMiddleware(infer_fast.InferEndpoint(service), service=service),
+                                      tracer=tracer)
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
     _declare_real_errors(app)
     return app

@@ -49,34 +49,52 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifac
     return req, codec.input_array(spec, body, split, max_images)
 
 
-async def _infer(request: Request, name: str, version: str | None) -> Response:
+INLINE_BYTES = 2 << 20  # an uncompressed binary-tensor body up to this size is parsed on the event loop
+INLINE_HEADER = 16 << 10  # ... when its JSON header is at most this long (JSON "data" goes to the pool)
+INLINE_VALUES = 4096  # an answer of up to this many logits is rendered on the event loop
+
+
+def _inline(raw: bytes, encoding: str, header_len: str | None) -> bool:
+    """Whether parsing costs less than a hop to the pool: uncompressed, binary tensor data, small."""
+    return (encoding.strip().lower() in ("", "identity") and len(raw) <= INLINE_BYTES and header_len is not None
+            and header_len.isascii() and header_len.isdigit() and len(header_len) <= 6
+            and int(header_len) <= INLINE_HEADER)
+
+
+async def infer_answer(request: Request, service: Service, name: str, version: str | None,
+                       ) -> tuple[bytes, dict[str, str], str]:
+    """(body, headers, media type) of ``POST /v2/models/{name}[/versions/{version}]/infer`` (APIError for
+    every error answer); shared by the route and the ASGI fast path in front of FastAPI (:mod:`.infer_fast`)."""
     started = time.perf_counter()
-    service = service_of(request)
     if not service.host.knows(name):
         service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
     with service.use(name, version) as mv:
         return await _infer_on(request, service, mv, started)
 
 
-async def _infer_on(request: Request, service: Service, mv: ModelVersion, started: float) -> Response:
+async def _infer_on(request: Request, service: Service, mv: ModelVersion, started: float,
+                    ) -> tuple[bytes, dict[str, str], str]:
+    """Parse and render on the event loop when small and uncompressed (a thread hop each costs more than the
+    work: the GIL changes hands twice), in the decode pool otherwise."""
     art = mv.art
     assert art is not None
     s = service.settings
     raw = await read_limited(request, s.max_body_bytes)
     loop = asyncio.get_running_loop()
-    req, images = await loop.run_in_executor(
-        service.pool, _decode, raw, request.headers.get("content-encoding", ""), request.headers.get(HEADER_LEN),
-        art, s.max_body_bytes, s.max_queue)
+    encoding = request.headers.get("content-encoding", "")
+    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, s.max_queue)
+    req, images = _decode(*args) if _inline(raw, encoding, args[2]) else \
+        await loop.run_in_executor(service.pool, _decode, *args)
     logits = await oip.infer(service, mv, images, started)
-    body, json_len = await loop.run_in_executor(service.pool, codec.render, req, _request_id(request), logits, art,
-                                                mv.name, str(mv.version))
+    render = (req, _request_id(request), logits, art, mv.name, str(mv.version))
+    body, json_len = codec.render(*render) if logits.size <= INLINE_VALUES else \
+        await loop.run_in_executor(service.pool, codec.render, *render)
     headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}
     encoding = codec.negotiate(request.headers.get("accept-encoding"))
     if encoding:
         body = await loop.run_in_executor(service.pool, codec.compress, body, encoding)
         headers["Content-Encoding"] = encoding
-    media = "application/json" if json_len is None else "application/octet-stream"
-    return Response(body, media_type=media, headers=headers)
+    return body, headers, "application/json" if json_len is None else "application/octet-stream"
 
 
 _MODEL_ERRORS = v2_error_responses(401, 404, 503)
@@ -175,4 +193,5 @@ async def unload_model(request: Request, name: str) -> dict[str, Any]:
 @router.post("/models/{name}/versions/{version}/infer", responses=_INFER_ERRORS)
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     """Run ``images`` [N,3,H,W] FP32 through the model (batched with /classify traffic)."""
-    return await _infer(request, name, version)
+    body, headers, media = await infer_answer(request, service_of(request), name, version)
+    return Response(body, media_type=media, headers=headers)
