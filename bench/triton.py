@@ -146,21 +146,26 @@ class Cell:
     concurrency: int
     runs: dict[str, list[Measure]] = field(default_factory=lambda: {s: [] for s in SERVERS})
 
+    def ratio_to(self, server: str, other: str) -> float:
+        """``server``/``other`` throughput: the median of the per-round ratios."""
+        return statistics.median(a.rps / b.rps if b.rps else float("nan")
+                                 for a, b in zip(self.runs[server], self.runs[other], strict=True))
+
     def median(self, server: str, attr: str) -> float:
         return statistics.median(getattr(m, attr) for m in self.runs[server])
 
     def ratio(self) -> float:
         """irpe/Triton throughput: the median of the per-round ratios."""
-        return statistics.median(i.rps / t.rps if t.rps else float("nan")
-                                 for t, i in zip(self.runs["triton"], self.runs["irpe"], strict=True))
+        return self.ratio_to("irpe", "triton")
 
 
 def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels: list[int], rounds: int,
             interval_ms: int, command: list[str]) -> list[Cell]:
     """``rounds`` x (protocol, concurrency, both servers in alternating order)."""
-    cells = [Cell(p, c) for p in protocols for c in levels]
+    servers = list(dict.fromkeys(s for s, _ in targets))
+    cells = [Cell(p, c, {s: [] for s in servers}) for p in protocols for c in levels]
     for r in range(rounds):
-        order = SERVERS if r % 2 == 0 else SERVERS[::-1]
+        order = servers if r % 2 == 0 else servers[::-1]
         for cell in cells:
             for server in order:
                 t = targets[(server, cell.protocol)]
@@ -172,21 +177,26 @@ def format_cells(title: str, cells: list[Cell]) -> str:
     """One line per (protocol, concurrency): the medians of both servers and the ratio."""
     head = (f"{'proto':<5} {'conc':>4} {'Triton inf/s':>12} {'irpe inf/s':>10} {'irpe/Triton':>11} "
             f"{'p50 ms T/i':>12} {'p99 ms T/i':>12} {'outside ms T/i':>14} {'img/exec T/i':>12}")
+    if cells and "base" in cells[0].runs:
+        head += f"  {'base inf/s':>9} {'irpe/base':>9} {'base p50':>8}"
     lines = [title, head]
     for c in cells:
         def pair(attr: str, fmt: str = ".1f", c: Cell = c) -> str:
             return f"{c.median('triton', attr):{fmt}} / {c.median('irpe', attr):{fmt}}"
 
+        base = (f"  {c.median('base', 'rps'):>9.0f} {c.ratio_to('irpe', 'base'):>9.2f} "
+                f"{c.median('base', 'p50_ms'):>8.1f}" if "base" in c.runs else "")
         lines.append(f"{c.protocol:<5} {c.concurrency:>4} {c.median('triton', 'rps'):>12.0f} "
                      f"{c.median('irpe', 'rps'):>10.0f} {c.ratio():>11.2f} {pair('p50_ms'):>12} "
-                     f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12}")
+                     f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12}{base}")
     return "\n".join(lines)
 
 
 @contextmanager
-def irpe_server(artifact: Path, server_args: tuple[str, ...], grpc: bool) -> Iterator[dict[str, str]]:
+def irpe_server(artifact: Path, server_args: tuple[str, ...], grpc: bool,
+                pythonpath: str | None = None) -> Iterator[dict[str, str]]:
     """``irpe serve ARTIFACT`` with the defaults a user gets (access log on, into a temporary file), and
-    ``--grpc-port`` when ``grpc``; yields the URL per protocol."""
+    ``--grpc-port`` when ``grpc``; ``pythonpath``: another import tree's irpe; yields the URL per protocol."""
     from .serve import _free_port, server_process
 
     port, grpc_port = _free_port(), _free_port()
@@ -194,7 +204,8 @@ def irpe_server(artifact: Path, server_args: tuple[str, ...], grpc: bool) -> Ite
         grpc_port = _free_port()
     args = ["-m", "irpe.cli", "serve", str(artifact), "--port", str(port), *server_args]
     with tempfile.TemporaryFile() as log, \
-            server_process([*args, "--grpc-port", str(grpc_port)] if grpc else args, port, stderr=log):
+            server_process([*args, "--grpc-port", str(grpc_port)] if grpc else args, port, stderr=log,
+                           env={"PYTHONPATH": pythonpath} if pythonpath else None):
         yield {"http": f"127.0.0.1:{port}", **({"grpc": f"127.0.0.1:{grpc_port}"} if grpc else {})}
 
 
@@ -225,10 +236,12 @@ class Options:
     max_batch: int = 32
     server_args: tuple[str, ...] = ()
     perf_analyzer: str | None = None
+    baseline: str | None = None  # a git commit whose irpe serve runs beside as "base" (irpe/base printed)
 
 
-def bench_artifact(artifact: Path, opts: Options, command: list[str]) -> list[Cell]:
-    """Both servers on ``artifact``, every cell measured ``opts.rounds`` times."""
+def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str | None = None) -> list[Cell]:
+    """Both servers (and ``base``: the import tree of another irpe) on ``artifact``, every cell measured
+    ``opts.rounds`` times."""
     from irpe.artifact import load_artifact
     from irpe.server.config import usable_cpus
 
@@ -237,11 +250,14 @@ def bench_artifact(artifact: Path, opts: Options, command: list[str]) -> list[Ce
         urls = {"irpe": stack.enter_context(irpe_server(artifact, opts.server_args, "grpc" in opts.protocols)),
                 "triton": stack.enter_context(triton_server(artifact, opts.instances or usable_cpus(),
                                                             opts.threads, opts.max_batch))}
-        missing = [f"{s} over {p}" for s in SERVERS for p in opts.protocols if p not in urls[s]]
+        if base:
+            urls["base"] = stack.enter_context(irpe_server(artifact, opts.server_args, "grpc" in opts.protocols,
+                                                           base))
+        missing = [f"{s} over {p}" for s in urls for p in opts.protocols if p not in urls[s]]
         if missing:
             raise BenchError(f"no {', '.join(missing)} here: choose --protocols from what both serve")
         targets = {(s, p): Target(s, p, urls[s][p], "irpe" if s == "triton" else name)
-                   for s in SERVERS for p in opts.protocols}
+                   for s in urls for p in opts.protocols}
         return measure(targets, opts.protocols, opts.levels, opts.rounds, opts.interval_ms, command)
 
 
@@ -260,6 +276,14 @@ def run_triton_bench(opts: Options) -> dict[str, list[Cell]]:
     command = perf_analyzer_command(opts.perf_analyzer)
     out: dict[str, list[Cell]] = {}
     with tempfile.TemporaryDirectory(prefix="irpe-bench-triton-") as tmp:
+        base = None
+        if opts.baseline:
+            from .baseline import import_tree
+
+            tree = import_tree(opts.baseline, Path(tmp) / "baseline")
+            if tree is None:
+                raise BenchError(f"--baseline {opts.baseline}: not a commit of this checkout (or no C compiler)")
+            base = str(tree)
         for model in ([opts.artifact] if opts.artifact else opts.models):
             if opts.artifact:
                 path = Path(opts.artifact)
@@ -267,7 +291,7 @@ def run_triton_bench(opts: Options) -> dict[str, list[Cell]]:
                 print(f"exporting {model} (random weights) ...", flush=True)
                 path = model_artifact(model, Path(tmp))
             load = os.getloadavg()[0]
-            out[model] = bench_artifact(path, opts, command)
+            out[model] = bench_artifact(path, opts, command, base)
             print(format_cells(f"{model}: {opts.rounds} interleaved rounds, perf_analyzer batch 1, load average "
                                f"{load:.1f} before / {os.getloadavg()[0]:.1f} after", out[model]), flush=True)
     return out

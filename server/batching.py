@@ -115,8 +115,10 @@ class Batcher:
     """
 
     def __init__(self, run: Callable[[np.ndarray], np.ndarray], *, sizes: list[int], max_wait_ms: float,
-                 max_queue: int, metrics: Metrics | None = None, workers: int = 1):
+                 max_queue: int, metrics: Metrics | None = None, workers: int = 1,
+                 solo: Callable[[np.ndarray], np.ndarray] | None = None):
         self._run = run
+        self._solo = solo  # for a batch taken while the engine is idle and nothing else waits: every core
         self.sizes = sorted(sizes)
         self.max_batch = self.sizes[-1]
         self.max_wait = max_wait_ms / 1000.0
@@ -183,8 +185,9 @@ class Batcher:
     def _retry_after(self) -> int:
         return max(1, int(np.ceil(len(self._queue) * max(self._per_image_s, 0.001))))
 
-    def _take(self) -> list[_Item] | None:
-        """Block until a batch is due; None once stopping and empty (other workers may race us)."""
+    def _take(self) -> tuple[list[_Item], bool] | None:
+        """Block until a batch is due: (the batch, whether it runs alone: the engine idle and nothing else
+        queued); None once stopping and empty (other workers may race us)."""
         with self._cond:
             while True:
                 while not self._queue:
@@ -199,8 +202,9 @@ class Batcher:
             n = max(s for s in self.sizes if s <= len(self._queue))
             batch = [self._queue.popleft() for _ in range(n)]
             self.metrics.queue_depth.set(len(self._queue))
+            alone = not self._busy and not self._queue
             self._busy += 1
-            return batch
+            return batch, alone
 
     def _wait_to_fill(self) -> None:
         """Wait (lock held) while another batch runs, until max_batch images are queued, the oldest
@@ -212,23 +216,24 @@ class Batcher:
             self._cond.wait(remaining)
 
     def _loop(self) -> None:
-        while (batch := self._take()) is not None:
+        while (taken := self._take()) is not None:
+            batch, alone = taken
             try:
                 live = [i for i in batch if not i.future.done()]
                 if live:
-                    self._infer(live)
+                    self._infer(live, self._solo if alone and self._solo is not None else self._run)
             finally:
                 with self._cond:
                     self._busy -= 1
                     if self._queue:  # a thread waiting to fill stops waiting once the engine is idle
                         self._cond.notify_all()
 
-    def _infer(self, batch: list[_Item]) -> None:
+    def _infer(self, batch: list[_Item], run: Callable[[np.ndarray], np.ndarray]) -> None:
         start = time.perf_counter()
         try:
             x = batch[0].x[None] if len(batch) == 1 else np.stack([i.x for i in batch])  # one: a view, no copy
             stacked = time.perf_counter()
-            out = self._run(x)
+            out = run(x)
             error: BaseException | None = None
         except Exception as e:  # delivered to every request in the batch; the thread keeps going
             log.exception("inference failed for a batch of %d", len(batch))

@@ -171,6 +171,13 @@ class Settings:
             return 1 if self.device == "cuda" else 0
         return max(1, usable_cpus() - 1) if self.device == "cuda" else 0
 
+    def resolved_solo_threads(self) -> int:
+        """Intra-op threads for a batch that runs alone (the engine otherwise idle, nothing queued): every
+        usable core on a CPU whose cores are split between inference threads (0: no such session)."""
+        if self.device != "cpu" or self.resolved_threads() >= usable_cpus():
+            return 0
+        return usable_cpus()
+
     def resolved_threads(self) -> int:
         """ONNX Runtime intra-op threads per worker; auto splits the cores between the workers."""
         return self.threads or max(1, usable_cpus() // self.resolved_inference_threads())

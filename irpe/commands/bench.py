@@ -219,6 +219,7 @@ def add_triton_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--perf-analyzer", help="perf_analyzer command line (default: $IRPE_PERF_ANALYZER, "
                    "perf_analyzer on PATH, or scripts/perf-analyzer.sh of this checkout)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
+    p.add_argument("--baseline", help="git commit whose irpe serve runs beside as a third server (irpe/base)")
     p.set_defaults(func=_run_triton)
 
 
@@ -241,7 +242,7 @@ def triton_options(args: argparse.Namespace) -> Options:
     return Options(models=models, artifact=args.artifact, protocols=protocols, levels=levels, rounds=args.rounds,
                    interval_ms=args.interval_ms, instances=args.triton_instances, threads=args.triton_threads,
                    max_batch=args.triton_max_batch, server_args=tuple(args.server_arg),
-                   perf_analyzer=args.perf_analyzer)
+                   perf_analyzer=args.perf_analyzer, baseline=args.baseline)
 
 
 def _run_triton(args: argparse.Namespace) -> int:

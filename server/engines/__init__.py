@@ -46,11 +46,13 @@ def choose_backend(directory: Path, art: ModelArtifact, backend: str, device: st
 
 
 def load_engine(directory: str | Path, art: ModelArtifact, *, backend: str = "auto", device: str = "cpu",
-                threads: int = 0, max_batch: int = 16, precision: str = "auto", streams: int = 1) -> Engine:
+                threads: int = 0, max_batch: int = 16, precision: str = "auto", streams: int = 1,
+                solo_threads: int = 0) -> Engine:
     """Build the engine for an artifact directory; raises EngineError with the fix on failure.
 
     ``precision`` (auto, fp32, bf16) is the float precision OpenVINO runs; ``streams`` the number of threads
-    that call ``run`` concurrently (OpenVINO compiles one stream each)."""
+    that call ``run`` concurrently (OpenVINO compiles one stream each); ``solo_threads``: ONNX Runtime on a
+    CPU also gets a session with that many threads for a batch that runs alone (``run_solo``)."""
     directory = Path(directory)
     backend = choose_backend(directory, art, backend, device, precision)
     if backend == "openvino":
@@ -75,15 +77,18 @@ def load_engine(directory: str | Path, art: ModelArtifact, *, backend: str = "au
                           "plan with --backend tensorrt)")
     from .onnxruntime import OrtEngine
 
-    return OrtEngine(directory / art.onnx_file, art, device=device, threads=threads, max_batch=max_batch)
+    return OrtEngine(directory / art.onnx_file, art, device=device, threads=threads, max_batch=max_batch,
+                     solo_threads=solo_threads)
 
 
 def warm_up(engine: Engine, art: ModelArtifact) -> float:
     """Run every batch size the batcher will use once; returns the seconds spent."""
     start = time.perf_counter()
     shape = (3, art.preprocess.crop, art.preprocess.crop)
-    for n in engine.info.batch_sizes:
-        out = engine.run(np.zeros((n, *shape), dtype=np.float32))
+    solo = getattr(engine, "run_solo", None)
+    runs = [(engine.run, n) for n in engine.info.batch_sizes] + ([(solo, 1)] if solo else [])
+    for run, n in runs:
+        out = run(np.zeros((n, *shape), dtype=np.float32))
         if out.shape != (n, art.num_classes):
             raise EngineError(f"model output shape {out.shape} != ({n}, {art.num_classes}) from model.json; "
                               "re-export the artifact")

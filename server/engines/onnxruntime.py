@@ -19,9 +19,14 @@ from .base import EngineError, EngineInfo, batch_sizes
 
 
 class OrtEngine:
-    """An ONNX Runtime session; a static batch dimension is honoured by padding."""
+    """An ONNX Runtime session; a static batch dimension is honoured by padding.
 
-    def __init__(self, onnx_path: Path, art: ModelArtifact, *, device: str, threads: int, max_batch: int):
+    ``solo_threads`` > ``threads`` (on a CPU whose cores are split between inference threads) adds a second
+    session with that many intra-op threads for :meth:`run_solo`: a batch that runs while the engine is
+    otherwise idle gets every core instead of its share (a lone request's latency)."""
+
+    def __init__(self, onnx_path: Path, art: ModelArtifact, *, device: str, threads: int, max_batch: int,
+                 solo_threads: int = 0):
         import onnxruntime as ort
         if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
             _require_cuda_driver()  # before ONNX Runtime prints its own fallback errors
@@ -36,6 +41,10 @@ class OrtEngine:
         except Exception as e:  # onnxruntime's own types (InvalidProtobuf, Fail, ...) for a bad file
             raise EngineError(f"{onnx_path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[-1][:200]}); "
                               "re-run `irpe export` or restore the file") from None
+        self.solo_session = None
+        if device == "cpu" and solo_threads > (threads or usable_cpus()):
+            self.solo_session = ort.InferenceSession(str(onnx_path), _session_options(ort, solo_threads),
+                                                     providers=_providers(device))
         used = self.session.get_providers()
         if device == "cuda" and "CUDAExecutionProvider" not in used:
             raise EngineError("--device cuda: ONNX Runtime fell back to CPU (providers in use: "
@@ -62,12 +71,19 @@ class OrtEngine:
 
     def run(self, images: np.ndarray) -> np.ndarray:
         """float32 [N,3,H,W] -> float32 [N,classes]."""
+        return self._run(self.session, images)
+
+    def run_solo(self, images: np.ndarray) -> np.ndarray:
+        """:meth:`run` on every core (the solo session; the shared one when there is none)."""
+        return self._run(self.solo_session or self.session, images)
+
+    def _run(self, session: Any, images: np.ndarray) -> np.ndarray:
         n = images.shape[0]
         feed = images.astype(self.dtype, copy=False)
         if self.static_batch and n != self.static_batch:
             pad = np.zeros((self.static_batch - n, *feed.shape[1:]), dtype=self.dtype)
             feed = np.concatenate([feed, pad])
-        (out,) = self.session.run([self.output_name], {self.input_name: feed})
+        (out,) = session.run([self.output_name], {self.input_name: feed})
         return np.asarray(out[:n], dtype=np.float32)
 
 

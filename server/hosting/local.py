@@ -281,14 +281,15 @@ class LocalHost(ModelHost):
             mv.art = load_artifact(path)
             mv.engine = load_engine(path, mv.art, backend=s.backend, device=s.device, threads=s.resolved_threads(),
                                     max_batch=s.resolved_max_batch(), precision=s.precision,
-                                    streams=s.resolved_inference_threads())
+                                    streams=s.resolved_inference_threads(), solo_threads=s.resolved_solo_threads())
         except (ArtifactError, EngineError, OSError) as e:
             return self._failed(mv, str(e))
         d = self.dirs.get(name)
         info = mv.info = mv.engine.info
+        solo = getattr(mv.engine, "run_solo", None)
         mv.batcher = Batcher(self.slots.wrap(mv.engine.run), sizes=info.batch_sizes, max_wait_ms=s.max_wait_ms,
                              max_queue=(d.config.max_queue if d else 0) or s.max_queue, metrics=self.metrics,
-                             workers=s.resolved_inference_threads())
+                             workers=s.resolved_inference_threads(), solo=solo and self.slots.wrap(solo))
         log.info("model %s version %d: backend %s (%s) on %s, providers in use %s, batch sizes %s, %d inference "
                  "thread(s) x %d intra-op thread(s)", name, version, info.backend, info.precision, info.device,
                  info.providers, info.batch_sizes, s.resolved_inference_threads(), s.resolved_threads())

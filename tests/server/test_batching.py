@@ -119,6 +119,36 @@ def test_busy_engine_fills_a_batch_up_to_max_wait() -> None:
     assert rec.sizes == [1, 2, 1], rec.sizes  # greedy would give [1, 1, 1, 1]
 
 
+def test_a_batch_alone_runs_on_the_solo_engine_and_others_share() -> None:
+    """Only a batch taken with the engine idle and nothing else queued runs ``solo`` (every core); one taken
+    beside a running batch, or leaving images behind, runs the shared engine."""
+    shared, solo = Recorder(delay=0.2), Recorder(delay=0.2)
+    batcher = Batcher(shared, sizes=[1, 2], max_wait_ms=0, max_queue=20, workers=2, solo=solo)
+    batcher.start()
+
+    async def main() -> None:
+        await batcher.submit([np.ones(2, np.float32)])  # alone: solo
+        first = asyncio.ensure_future(batcher.submit([np.ones(2, np.float32)]))  # alone: solo, 0.2 s
+        await asyncio.sleep(0.05)
+        # beside it: 2 of these run shared at once; the third, taken when the solo batch ends while those 2
+        # still run, runs shared too
+        await asyncio.gather(first, batcher.submit([np.ones(2, np.float32)] * 3))
+
+    asyncio.run(main())
+    batcher.stop()
+    assert solo.sizes == [1, 1] and shared.sizes == [2, 1], (solo.sizes, shared.sizes)
+
+
+def test_solo_threads_only_when_the_cores_are_split() -> None:
+    from irpe.server.config import Settings, usable_cpus
+
+    cpus = usable_cpus()
+    assert Settings(inference_threads=1).resolved_solo_threads() == 0  # one thread already has every core
+    assert Settings(device="cuda").resolved_solo_threads() == 0
+    if cpus > 1:
+        assert Settings().resolved_solo_threads() == cpus and Settings().resolved_threads() < cpus
+
+
 def _metric(text: str, name: str) -> float:
     return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
 
