@@ -63,7 +63,16 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
     return status, body, headers.get("connection", "").lower() == "close"
 
 
-async def _client(host: str, port: int, payload: bytes, todo: list[int], result: LoadResult) -> None:
+def _write(writer: asyncio.StreamWriter, payload: bytes | list[bytes]) -> None:
+    """The request in one write, or (a list) one write per piece, as a client library sends it."""
+    if isinstance(payload, bytes):
+        writer.write(payload)
+        return
+    for piece in payload:  # each goes out at once (asyncio sets TCP_NODELAY): one segment per write
+        writer.write(piece)
+
+
+async def _client(host: str, port: int, payload: bytes | list[bytes], todo: list[int], result: LoadResult) -> None:
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     while todo:
         todo.pop()
@@ -71,7 +80,7 @@ async def _client(host: str, port: int, payload: bytes, todo: list[int], result:
         try:
             if conn is None:
                 conn = await asyncio.open_connection(host, port)
-            conn[1].write(payload)
+            _write(conn[1], payload)
             status, _, close = await _read_response(conn[0])
         except (OSError, asyncio.IncompleteReadError, ValueError):
             result.errors += 1
@@ -89,7 +98,8 @@ async def _client(host: str, port: int, payload: bytes, todo: list[int], result:
         conn[1].close()
 
 
-async def run_load_async(host: str, port: int, payload: bytes, requests: int, concurrency: int) -> LoadResult:
+async def run_load_async(host: str, port: int, payload: bytes | list[bytes], requests: int,
+                         concurrency: int) -> LoadResult:
     """Async form of :func:`run_load`."""
     todo = list(range(requests))
     result = LoadResult(requests, concurrency, 0.0)
@@ -108,9 +118,10 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_load(host: str, port: int, payload: bytes, requests: int, concurrency: int,
+def run_load(host: str, port: int, payload: bytes | list[bytes], requests: int, concurrency: int,
              server_pid: int | None = None) -> LoadResult:
-    """Send ``requests`` copies of ``payload`` from ``concurrency`` closed-loop clients."""
+    """Send ``requests`` copies of ``payload`` (bytes, or the pieces written one by one) from ``concurrency``
+    closed-loop clients."""
     before = process_cpu_seconds(server_pid) if server_pid else 0.0
     result = asyncio.run(run_load_async(host, port, payload, requests, concurrency))
     if server_pid:

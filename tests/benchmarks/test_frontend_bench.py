@@ -17,6 +17,7 @@ from irpe.bench.frontend import (
     bench_frontend,
     default_variants,
     format_rows,
+    httpx_request,
     multipart_images,
     thread_cpu,
     tree_pids,
@@ -41,6 +42,19 @@ def test_multipart_with_several_images() -> None:
     req = multipart_images("/classify", "h", b"JPEGDATA", 3)
     head, body = req.split(b"\r\n\r\n", 1)
     assert body.count(b"JPEGDATA") == 3 and f"Content-Length: {len(body)}".encode() in head
+
+
+def test_requests_are_sent_as_httpx_sends_them() -> None:
+    """The bench's request is httpx's: its headers, a valid multipart body the server's parser splits into
+    the images, and the head apart from the body pieces (each its own write)."""
+    from irpe.server.http.body import split_files
+
+    pieces = httpx_request("/classify?top_k=5", "127.0.0.1:9", b"JPEGDATA", 2)
+    head, body = pieces[0], b"".join(pieces[1:])
+    assert head.startswith(b"POST /classify?top_k=5 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n") and head.endswith(b"\r\n\r\n")
+    headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:-2])
+    assert headers[b"User-Agent"].startswith(b"python-httpx/") and int(headers[b"Content-Length"]) == len(body)
+    assert len(pieces) > 3 and split_files(body, headers[b"Content-Type"].decode(), 4) == [b"JPEGDATA"] * 2
 
 
 def test_table_and_variants() -> None:
