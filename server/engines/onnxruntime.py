@@ -35,16 +35,9 @@ class OrtEngine:
             raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
                               f"(available: {ort.get_available_providers()}); install the [gpu] extra: "
                               "pip install 'irpe-deploy[gpu]' (onnxruntime-gpu)")
-        try:
-            self.session = ort.InferenceSession(str(onnx_path), _session_options(ort, threads),
-                                                providers=_providers(device))
-        except Exception as e:  # onnxruntime's own types (InvalidProtobuf, Fail, ...) for a bad file
-            raise EngineError(f"{onnx_path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[-1][:200]}); "
-                              "re-run `irpe export` or restore the file") from None
-        self.solo_session = None
-        if device == "cpu" and solo_threads > (threads or usable_cpus()):
-            self.solo_session = ort.InferenceSession(str(onnx_path), _session_options(ort, solo_threads),
-                                                     providers=_providers(device))
+        self.session = _session(ort, onnx_path, threads, device)
+        solo = device == "cpu" and solo_threads > (threads or usable_cpus())
+        self.solo_session = _session(ort, onnx_path, solo_threads, device) if solo else None
         used = self.session.get_providers()
         if device == "cuda" and "CUDAExecutionProvider" not in used:
             raise EngineError("--device cuda: ONNX Runtime fell back to CPU (providers in use: "
@@ -85,6 +78,14 @@ class OrtEngine:
             feed = np.concatenate([feed, pad])
         (out,) = session.run([self.output_name], {self.input_name: feed})
         return np.asarray(out[:n], dtype=np.float32)
+
+
+def _session(ort: Any, onnx_path: Path, threads: int, device: str) -> Any:
+    try:
+        return ort.InferenceSession(str(onnx_path), _session_options(ort, threads), providers=_providers(device))
+    except Exception as e:  # onnxruntime's own types (InvalidProtobuf, Fail, ...) for a bad file
+        raise EngineError(f"{onnx_path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[-1][:200]}); "
+                          "re-run `irpe export` or restore the file") from None
 
 
 def _session_options(ort: Any, threads: int) -> Any:
