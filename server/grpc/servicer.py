@@ -30,6 +30,7 @@ from .status import grpc_code
 
 log = logging.getLogger("irpe.server")
 Handler = Callable[..., Awaitable[Any]]
+STREAM_ROUTE = "/inference.GRPCInferenceService/ModelStreamInfer"  # counted per request of the stream
 
 
 def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
@@ -44,22 +45,32 @@ def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
 
 
 def rpc(open_: bool = False) -> Callable[[Handler], Handler]:
-    """A unary RPC: the key checked (unless ``open_``), an APIError answered with its gRPC status."""
+    """A unary RPC: the key checked (unless ``open_``), an APIError answered with its gRPC status, the call
+    counted and timed in ``irpe_requests_total`` / ``irpe_request_latency_seconds`` (method ``GRPC``)."""
 
     def wrap(fn: Handler) -> Handler:
+        route = f"/inference.GRPCInferenceService/{fn.__name__}"
+
         @functools.wraps(fn)
         async def call(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start, code = time.perf_counter(), grpc.StatusCode.CANCELLED
             try:
                 if not open_:
                     self.check_key(context)
-                return await fn(self, request, context)
+                answer = await fn(self, request, context)
+                code = grpc.StatusCode.OK
+                return answer
             except APIError as e:
-                await context.abort(grpc_code(e.status), e.message)
+                code = grpc_code(e.status)
+                await context.abort(code, e.message)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception:
                 log.exception("unhandled error in gRPC %s", fn.__name__)
-                await context.abort(grpc.StatusCode.INTERNAL, "unexpected server error; it has been logged")
+                code = grpc.StatusCode.INTERNAL
+                await context.abort(code, "unexpected server error; it has been logged")
+            finally:
+                self.observe(route, code, time.perf_counter() - start)
 
         return call
 
@@ -71,6 +82,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, service: Service):
         self.service = service
+
+    def observe(self, route: str, code: grpc.StatusCode, seconds: float) -> None:
+        """Count one call (its gRPC status name as ``status``) and its latency."""
+        m = self.service.metrics
+        m.requests.labels(route, "GRPC", code.name).inc()
+        m.latency.labels(route).observe(seconds)
 
     def check_key(self, context: grpc.aio.ServicerContext) -> None:
         if not authorized(context, self.service.settings.api_key):
@@ -204,13 +221,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, req: pb.ModelInferRequest,
                           answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
+        start, code = time.perf_counter(), grpc.StatusCode.OK
         try:
             answer = pb.ModelStreamInferResponse(infer_response=await self.infer(req))
         except APIError as e:
+            code = grpc_code(e.status)
             answer = pb.ModelStreamInferResponse(error_message=e.message,
                                                  infer_response=pb.ModelInferResponse(id=req.id))
         except Exception:
             log.exception("unhandled error in gRPC ModelStreamInfer")
+            code = grpc.StatusCode.INTERNAL
             answer = pb.ModelStreamInferResponse(error_message="unexpected server error; it has been logged",
                                                  infer_response=pb.ModelInferResponse(id=req.id))
+        self.observe(STREAM_ROUTE, code, time.perf_counter() - start)
         answers.put_nowait(answer)

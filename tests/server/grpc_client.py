@@ -242,4 +242,5 @@ MODES = {"triton": triton, "aio": aio, "stream": stream, "errors": errors, "burs
 
 if __name__ == "__main__":
     mode, address = sys.argv[1], sys.argv[2]
-    print(json.dumps(MODES[mode](address, sys.argv[3] if len(sys.argv) > 3 else "")))
+    extra = [int(a) for a in sys.argv[4:]]  # burst: how many requests
+    print(json.dumps(MODES[mode](address, sys.argv[3] if len(sys.argv) > 3 else "", *extra)))

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +118,20 @@ def test_status_codes(server: ServerProcess) -> None:
         assert code in got[name] and needle in got[name], (name, got[name])
 
 
+def test_grpc_calls_are_counted_in_metrics(server: ServerProcess) -> None:
+    """ModelInfer refused, stream requests answered and refused, by gRPC status name."""
+    run_client("errors", grpc_address(server))
+    run_client("stream", grpc_address(server))
+    text = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {KEY}"}).text
+    counts = {m[0]: float(m[1]) for m in re.findall(r'^irpe_requests_total\{(method="GRPC",[^}]*)\} (\S+)$', text,
+                                                       re.M)}
+    route = 'route="/inference.GRPCInferenceService/{}",status="{}"'
+    for rpc, status in (("ModelInfer", "INVALID_ARGUMENT"), ("ModelInfer", "NOT_FOUND"),
+                        ("ModelInfer", "UNAUTHENTICATED"), ("ModelMetadata", "NOT_FOUND"), ("ServerLive", "OK"),
+                        ("ModelStreamInfer", "OK"), ("ModelStreamInfer", "INVALID_ARGUMENT")):
+        assert counts.get('method="GRPC",' + route.format(rpc, status), 0) >= 1, (rpc, status, counts)
+
+
 def test_kserve_grpc_client(server: ServerProcess) -> None:
     got = run_client("kserve", grpc_address(server))
     assert got["live"] and got["ready"] and got["model_ready"]
@@ -181,3 +197,37 @@ def test_system_shared_memory_in_and_out(tiny_artifact: Path) -> None:
     assert "INVALID_ARGUMENT" in got["too_small"] and "at least 80 bytes" in got["too_small"]
     assert "NOT_FOUND" in got["gone"] and "'in'" in got["gone"]
     assert got["after"] == {}
+
+
+def test_sigterm_lets_running_rpcs_finish(tmp_path: Path) -> None:
+    """SIGTERM while slow gRPC requests run: every one is answered, then the server exits."""
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=60)
+    proc = start_server(slow, "--grpc-port", "0", "--frontends", "0", "--max-batch", "1", "--inference-threads", "1")
+    try:
+        client = subprocess.Popen([sys.executable, "-m", "tests.server.grpc_client", "burst", grpc_address(proc), "",
+                                   "4"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while _images_answered(proc) < 1:  # the first answered: the other three are queued or running
+            assert time.monotonic() < deadline and client.poll() is None, client.communicate()
+            time.sleep(0.05)
+        proc.proc.send_signal(signal.SIGTERM)
+        out, err = client.communicate(timeout=120)
+        assert proc.proc.wait(60) in (0, -15), proc.output()[-2000:]
+    finally:
+        proc.stop()
+        proc.log.unlink(missing_ok=True)
+    assert client.returncode == 0, err[-2000:]
+    assert json.loads(out)["statuses"] == ["OK"] * 4, out
+
+
+def _images_answered(proc: ServerProcess) -> float:
+    m = re.search(r"^irpe_images_total (\S+)$", httpx.get(f"{proc.url}/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_the_grpc_front_end_is_imported_only_with_a_grpc_port() -> None:
+    code = ("import sys, irpe.server.launch, irpe.server.ipc.supervisor, irpe.server.http.app, irpe.server.frontend; "
+            "bad = [m for m in sys.modules if m.startswith(('irpe.server.grpc', 'tritonclient', 'grpc'))]; "
+            "assert not bad, bad; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
