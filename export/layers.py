@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import rpe_graph
+from . import rpe_graph, rpe_value
 from .emit import Emit
 
 
-def linear(e: Emit, x: str, key: str, scale: np.ndarray | float = 1.0) -> str:
-    """x @ W.T + b for the nn.Linear ``key``, output columns scaled by ``scale`` (folded into W and b).
+def linear(e: Emit, x: str, key: str, scale: np.ndarray | float = 1.0, input_shift: np.ndarray | None = None) -> str:
+    """(x + input_shift) @ W.T + b for the nn.Linear ``key``, output columns scaled by ``scale`` (the shift and
+    the scale folded into W and b).
 
     On the 2-D token matrix ONNX Runtime fuses MatMul + Add into one Gemm.
     """
-    y = e.g.op("MatMul", [x, e.g.weight(e.sd[f"{key}.weight"].T * scale, f"{key}.weight")], f"{key}/matmul")
-    if f"{key}.bias" not in e.sd:
+    w = e.sd[f"{key}.weight"]
+    y = e.g.op("MatMul", [x, e.g.weight(w.T * scale, f"{key}.weight")], f"{key}/matmul")
+    bias = e.sd.get(f"{key}.bias")
+    if input_shift is not None:
+        bias = (0.0 if bias is None else bias) + w.astype(np.float64) @ input_shift
+    if bias is None:
         return y
-    return e.g.op("Add", [y, e.g.weight(e.sd[f"{key}.bias"] * scale, f"{key}.bias")], f"{key}/bias")
+    return e.g.op("Add", [y, e.g.weight(bias * scale, f"{key}.bias")], f"{key}/bias")
 
 
 def layer_norm(e: Emit, x: str, key: str) -> str:
@@ -55,34 +60,32 @@ def embed(e: Emit, images: str) -> str:
     return g.op("Reshape", [x, g.ints([-1, dim])], "tokens_2d")  # (N * n, D): bias Adds fuse into Gemm
 
 
-def qkv_heads(e: Emit, x: str, key: str) -> tuple[str, str, str]:
-    """q (N, H, n, d) pre-scaled, k^T (N, H, d, n) and v (N, H, n, d) from one fused qkv Gemm."""
+def qkv_heads(e: Emit, x: str, key: str) -> tuple[str, str, str, str]:
+    """q (N, H, n, d) pre-scaled, k^T (N, H, d, n) and v (N, H, n, d) from one fused qkv Gemm, and k still in
+    token layout (N, n, H, d)."""
     dim, heads, g = e.cfg.embed_dim, e.cfg.num_heads, e.g
     scale = np.ones(3 * dim, dtype=np.float32)
     scale[:dim] = (dim // heads) ** -0.5
     y = linear(e, x, key, scale)
     parts = g.op("Split", [y, g.ints([dim] * 3)], f"{key}/split", axis=1, outputs=3)
-    out = []
+    out, tokens = [], []
     for part, perm in zip(parts, ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]), strict=True):
-        t = g.op("Reshape", [part, g.ints([-1, e.tokens, heads, dim // heads])], f"{key}/heads")
-        out.append(g.op("Transpose", [t], f"{key}/perm", perm=perm))
-    return out[0], out[1], out[2]
+        tokens.append(g.op("Reshape", [part, g.ints([-1, e.tokens, heads, dim // heads])], f"{key}/heads"))
+        out.append(g.op("Transpose", [tokens[-1]], f"{key}/perm", perm=perm))
+    return out[0], out[1], out[2], tokens[1]
 
 
 def attention(e: Emit, x: str, i: int) -> str:
     """Multi-head self-attention with the layer's iRPE terms (q scale folded into the qkv weights)."""
     key, g = f"blocks.{i}.attn", e.g
     tables = e.tables.get(i, {})
-    q, kt, v = qkv_heads(e, x, f"{key}.qkv")
+    q, kt, v, k_tokens = qkv_heads(e, x, f"{key}.qkv")
     attn = g.op("MatMul", [q, kt], f"{key}/scores")
-    attn = rpe_graph.add_score_terms(e, attn, q, kt, tables, key)
+    attn = rpe_graph.add_score_terms(e, attn, q, k_tokens, tables, key)
     attn = g.op("Softmax", [attn], f"{key}/softmax", axis=-1)
     out = g.op("MatMul", [attn, v], f"{key}/context")
-    if "v" in tables:
-        out = g.op("Add", [out, rpe_graph.value_term(e, attn, tables["v"], f"{key}.rpe_v")], f"{key}/rpe_v")
-    out = g.op("Transpose", [out], f"{key}/merge", perm=[0, 2, 1, 3])
-    out = g.op("Reshape", [out, g.ints([-1, e.cfg.embed_dim])], f"{key}/flatten")
-    return linear(e, out, f"{key}.proj")
+    out, shift = rpe_value.merged_context(e, out, attn, tables.get("v", []), key)
+    return linear(e, out, f"{key}.proj", input_shift=shift)
 
 
 def block(e: Emit, x: str, i: int) -> str:

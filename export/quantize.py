@@ -13,7 +13,7 @@ logit cosine ``minmax`` < ``percentile``); ``entropy`` (KL, TensorRT's legacy ca
 slower to calibrate.
 
 Scopes (which MatMuls get Q/DQ): ``linear`` = qkv, proj, fc1, fc2 (the weight GEMMs, >90% of the FLOPs);
-``rpe`` adds the iRPE q.W / k.W lookups, one-hot bucket sums and (K, d) value matmuls; ``attention`` adds
+``rpe`` adds the iRPE q.W / k.W lookups, value-side bucket sums and (K, d) value matmuls; ``attention`` adds
 q @ k^T to ``linear`` (OpenVINO then runs its attention subgraph in int8, as NNCF's graph does; attn @ v stays
 float: softmax probabilities in [0, 1] waste half of signed int8, logit cosine 0.969 when it was included);
 ``all`` adds both.
@@ -38,7 +38,7 @@ SCOPES = ("linear", "rpe", "attention", "all")
 PERCENTILE = 99.999
 _LINEAR = ("/matmul",)
 _ATTENTION = ("/scores",)
-_RPE = (".rpe_k/lut", ".rpe_q/lut", ".rpe_v/onehot_sums", ".rpe_v/values")
+_RPE = (".rpe_k/lut", ".rpe_q/lut", ".rpe_v/onehot_sums", ".rpe_v/col_sums", ".rpe_v/row_sums", ".rpe_v/values")
 
 
 class QuantizationError(ValueError):

@@ -1,4 +1,4 @@
-"""iRPE terms as ONNX nodes: folded bias constants, contextual q/k lookups and value-side bucket sums.
+"""iRPE terms as ONNX nodes: folded bias constants and contextual q/k lookups (value side: rpe_value).
 
 Layout choices (ONNX Runtime CPU, DeiT-S, batch 8, n = 197, K = 50, measured on a 2-core host):
 
@@ -10,19 +10,13 @@ Layout choices (ONNX Runtime CPU, DeiT-S, batch 8, n = 197, K = 50, measured on 
   with a dynamic B walks 6-wide rows: 6.9 ms vs 1.1 ms flat; ONNX Runtime's variadic Sum runs
   single-threaded) and transposed back once. A one-hot batched MatMul takes 2.5 ms, a per-query (n, d, n)
   constant MatMul 6.2 ms.
-* v bucket sums: one batched MatMul per query row, attn (B, H, n, n) -> (n, B*H, n) @ onehot (n, n, K),
-  both transposes keeping the innermost axis. Against the earlier ScatterND(add) on (n*n, B, H) rows: the
-  same on ONNX Runtime (1.3 vs 1.5 ms per layer, best of 40), 3.8 vs 13 ms on OpenVINO bf16 (whose
-  ScatterNDUpdate runs a reference kernel and accumulates in bf16), a MatMul that int8 and TensorRT take
-  (its ONNX parser rejects ScatterND reductions), and no per-layer zeros buffer. Then one (K, d) MatMul.
-  No (n, n, d) table is ever formed.
+* v bucket sums: see :mod:`export.rpe_value`.
 * Plugin graphs keep the natural layout: one irpe::RPEIndex / irpe::RPEBucketSum node per table.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 from torch import nn
 
 from irpe.models.rpe import rpe_tables
@@ -55,8 +49,10 @@ def bias_constant(tables: dict[str, list[Table]]) -> np.ndarray:
     return np.asarray(total, dtype=np.float32)
 
 
-def add_score_terms(e: Emit, attn: str, q: str, kt: str, tables: dict[str, list[Table]], key: str) -> str:
-    """attn (N, H, n, n) + every q/k-side iRPE term of the layer (q is scaled; kt is k^T, unscaled)."""
+def add_score_terms(e: Emit, attn: str, q: str, k_tokens: str, tables: dict[str, list[Table]], key: str) -> str:
+    """attn (N, H, n, n) + every q/k-side iRPE term of the layer (q is scaled; k_tokens is k (N, n, H, d),
+    unscaled: its own transpose keeps d innermost, which OpenVINO and ONNX Runtime copy in rows, where
+    k^T -> k did not)."""
     g = e.g
     if not ({"q", "k"} & set(tables)):
         return attn
@@ -69,7 +65,7 @@ def add_score_terms(e: Emit, attn: str, q: str, kt: str, tables: dict[str, list[
         luts["k"] = g.op("MatMul", [q, g.weight(_squeeze_shared(w), f"{key}.rpe_k.weight")], f"{key}.rpe_k/lut")
     if "q" in tables:
         w = _concat_weights(tables["q"], axis=-1) * scale  # (Ht, d, K')
-        k = g.op("Transpose", [kt], f"{key}.rpe_q/keys", perm=[0, 1, 3, 2])  # (N, H, n, d)
+        k = g.op("Transpose", [k_tokens], f"{key}.rpe_q/keys", perm=[0, 2, 1, 3])  # (N, H, n, d)
         luts["q"] = g.op("MatMul", [k, g.weight(_squeeze_shared(w), f"{key}.rpe_q.weight")], f"{key}.rpe_q/lut")
     if e.plugin:
         return _plugin_scores(e, attn, luts, tables, key)
@@ -151,43 +147,3 @@ def _plugin_node(e: Emit, kind: str, x: str, bucket: np.ndarray, name: str, num_
     opset = plugin_opset_import()
     g.add_node(node, (opset.domain, opset.version))
     return out
-
-
-def value_term(e: Emit, attn: str, tables: list[Table], name: str) -> str:
-    """sum_j attn[b, h, i, j] Wv[bucket[i, j]] as (N, H, n, d): bucket sums, then one (K', d) MatMul."""
-    if e.plugin:
-        parts = [_plugin_node(e, "sum", attn, t.bucket, name, t.num_buckets) for t in tables]
-        sums = parts[0] if len(parts) == 1 else e.g.op("Concat", parts, f"{name}/sums", axis=-1)
-    else:
-        sums = _onehot_row_sums(e, attn, tables, name)
-    w = _squeeze_shared(_concat_weights(tables, axis=1))  # (K', d) or (H, K', d)
-    return e.g.op("MatMul", [sums, e.g.weight(w, f"{name}.weight")], f"{name}/values")
-
-
-def _onehot(e: Emit, tables: list[Table]) -> str:
-    """The constant float32 (n, n, K') one-hot of the value-side tables: onehot[i, j, k] = [bucket[i, j] == k]."""
-    n = e.tokens
-    onehot = np.zeros((n, n, sum(t.num_buckets for t in tables)), dtype=np.float32)
-    rows, cols = np.arange(n)[:, None], np.arange(n)[None, :]
-    for t, off in zip(tables, _offsets(tables), strict=True):
-        onehot[rows, cols, off + t.bucket] = 1
-    return e.g.shared_initializer(onehot, "rpe_v.onehot")
-
-
-def _onehot_row_sums(e: Emit, attn: str, tables: list[Table], name: str) -> str:
-    """Bucket sums as one batched MatMul per query row: attn (N, H, n, n) -> (n, N*H, n) @ onehot (n, n, K')
-    -> (n, N*H, K') -> (N, H, n, K'). Both transposes keep the innermost axis (row copies)."""
-    g, n, heads = e.g, e.tokens, e.cfg.num_heads
-    if g.dtype != np.float32:  # fp16 graphs sum in float32 (ONNX Runtime's optimizer crashes on the fp16 form)
-        attn = g.op("Cast", [attn], f"{name}/attn_fp32", to=TensorProto.FLOAT)
-    rows = g.op("Transpose", [attn], f"{name}/attn_rows", perm=[2, 0, 1, 3])
-    rows = g.op("Reshape", [rows, g.ints([n, -1, n])], f"{name}/rows")
-    sums = g.op("MatMul", [rows, _onehot(e, tables)], f"{name}/onehot_sums")
-    sums = g.op("Reshape", [sums, g.ints([n, -1, heads, sums_width(tables)])], f"{name}/sums_grid")
-    sums = g.op("Transpose", [sums], f"{name}/sums", perm=[1, 2, 0, 3])
-    return sums if g.dtype == np.float32 else g.op("Cast", [sums], f"{name}/sums_cast", to=g.onnx_dtype)
-
-
-def sums_width(tables: list[Table]) -> int:
-    """K': the buckets of all value-side tables of a layer."""
-    return int(sum(t.num_buckets for t in tables))

@@ -155,7 +155,9 @@ def test_contextual_graph_never_materialises_an_n_n_d_table():
     too_big = [s for s in shapes if any(s[i:i + 3] == [n, n, d] or s[i:i + 2] == [n * n, d] for i in range(len(s)))]
     assert too_big == []
     ops = [node.op_type for node in proto.graph.node if "rpe_v" in node.name]
-    assert "ScatterND" not in ops and ops.count("MatMul") == 2 * model.cfg.depth  # one-hot sums, then (K, d)
+    assert "ScatterND" not in ops and ops.count("MatMul") == 3 * model.cfg.depth  # column, row sums, then (K, d)
+    k = model.blocks[0].attn.rpe_v.num_buckets
+    assert not [i.name for i in proto.graph.initializer if i.name.startswith("rpe") and np.prod(i.dims) >= n * n * k]
     gathers = [node for node in proto.graph.node if node.op_type == "Gather" and "rpe" in node.name]
     assert len(gathers) == 2 * model.cfg.depth  # one per contextual q / k lookup
 
@@ -201,7 +203,7 @@ def test_fp16_graph_keeps_float32_io_and_is_close():
 
 
 def test_value_side_graph_has_no_scatter_reduction_and_matches(tmp_path):
-    """TensorRT's ONNX parser rejects ScatterND(reduction); value buckets are summed by a one-hot MatMul, so
+    """TensorRT's ONNX parser rejects ScatterND(reduction); value buckets are summed by MatMuls, so
     the standard graph (cross: two tables per layer) is already the TensorRT one."""
     from irpe.export.tensorrt import tensorrt_incompatibilities
 
@@ -216,3 +218,19 @@ def test_value_side_graph_has_no_scatter_reduction_and_matches(tmp_path):
     got = session(variant).run(["logits"], {"images": x})[0]
     want = session(standard).run(["logits"], {"images": x})[0]
     assert np.abs(got - want).max() <= TOL
+
+
+def test_product_tables_factor_into_rows_and_columns_and_others_do_not():
+    """The separable value-side sums apply to product tables exactly (the published ones) and to no other."""
+    from irpe.export.rpe_value import product_factors
+    from irpe.models.buckets import bucket_ids, num_buckets
+
+    for method, ratio, factored in (("product", 1.9, True), ("euc", 20, False), ("quant", 33, False)):
+        table, k = bucket_ids(method, ratio, 14, 14, 1), num_buckets(method, ratio, 1)
+        got = product_factors(table, (14, 14), 1, k)
+        assert (got is not None) == factored, method
+        if got:
+            rows, cols, m = got
+            r, c = np.divmod(np.arange(196), 14)
+            rebuilt = rows[r][:, r] * m + cols[c][:, c]
+            assert m * m + 1 == k and np.array_equal(rebuilt, table[1:, 1:])
