@@ -8,7 +8,8 @@ int8 (``ModelType.TRANSFORMER``, bf16 elsewhere) quantized by the bench from the
 anchor. Each round runs the paths in a fresh random order and ONNX Runtime does not spin after a run, so no
 path inherits another's busy threads. Ratios are to ONNX Runtime fp32 of the same model and batch.
 ``--served`` adds served req/s of the fp32 artifact on ONNX Runtime vs the int8 artifact on the
-default backend (``irpe serve``, real JPEGs).
+default backend (``irpe serve``, real JPEGs). Every model runs in the same rounds: the table gives each path's
+iRPE/plain ratio too (:func:`format_plain_ratios`).
 """
 
 from __future__ import annotations
@@ -162,7 +163,10 @@ def run_cpu_bench(models: Sequence[str], batches: Sequence[int], *, paths: Seque
                   repeats: int = 10, warmup: int = 2, threads: int = 0, img_size: int = 224,
                   calibration_size: int = 32, scope: str = "linear",
                   served: int = 0) -> tuple[list[Row], list[str]]:
-    """Latency rows for every (model, path, batch) and, with ``served`` requests, the served lines."""
+    """Latency rows for every (model, path, batch) and, with ``served`` requests, the served lines.
+
+    Every (model, path) pair runs in the same interleaved rounds, so the iRPE/plain ratios on a path are side
+    by side too."""
     from irpe.export.bench import BENCH_MODELS
 
     unknown = [m for m in models if m not in BENCH_MODELS] + [p for p in paths if p not in PATHS]
@@ -174,48 +178,67 @@ def run_cpu_bench(models: Sequence[str], batches: Sequence[int], *, paths: Seque
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="irpe-bench-cpu-") as tmp:
         calib_dir = photo_dir(Path(tmp) / "photos", calibration_size + 16)
+        runs: dict[str, Runner] = {}
+        artifacts = {}
         for m in models:
             _log(f"exporting {m} fp32 and int8 (calibrating on {calibration_size} photo crops)")
-            fp32, int8 = export_pair(BENCH_MODELS[m], Path(tmp), calib_dir, img_size=img_size,
-                                     calibration_size=calibration_size, scope=scope)
+            artifacts[m] = export_pair(BENCH_MODELS[m], Path(tmp), calib_dir, img_size=img_size,
+                                       calibration_size=calibration_size, scope=scope)
             from irpe.artifact import load_artifact
             from irpe.export.fidelity import image_sets
 
-            calib = image_sets(str(calib_dir), load_artifact(fp32), calibration_size=calibration_size).calibration
-            runs = runners(fp32, int8, calib, threads, paths)
-            for b in batches:
-                _log(f"{m}, batch {b}: {len(runs)} paths x {repeats} interleaved rounds")
-                x = np.random.default_rng(0).standard_normal((b, 3, img_size, img_size), dtype=np.float32)
-                for p, t in time_interleaved(runs, x, repeats, warmup).items():
-                    rows.append(Row(m, p, b, float(np.median(t) * 1e3), len(t), float(np.min(t) * 1e3)))
-            if served:
-                from .cpu_served import served_lines
+            calib = image_sets(str(calib_dir), load_artifact(artifacts[m][0]),
+                               calibration_size=calibration_size).calibration
+            runs |= {f"{m}|{p}": r for p, r in runners(*artifacts[m], calib, threads, paths).items()}
+        for b in batches:
+            _log(f"batch {b}: {len(runs)} model x path pairs x {repeats} interleaved rounds")
+            x = np.random.default_rng(0).standard_normal((b, 3, img_size, img_size), dtype=np.float32)
+            for key, t in time_interleaved(runs, x, repeats, warmup).items():
+                m, p = key.split("|")
+                rows.append(Row(m, p, b, float(np.median(t) * 1e3), len(t), float(np.min(t) * 1e3)))
+        if served:
+            from .cpu_served import served_lines
 
+            for m, (fp32, int8) in artifacts.items():
                 notes += served_lines(m, fp32, int8, served, rows)
     return rows, notes
 
 
 def format_table(rows: list[Row]) -> str:
-    """One line per (model, batch, path): median ms with its ratios to ONNX Runtime fp32 and to NNCF, then the
-    fastest round's ms with the same two ratios."""
-    lines = [f"{'model':6s} {'batch':>5s} {'path':10s} {'median ms':>10s} {'vs ort-fp32':>11s} {'vs nncf':>8s} "
-             f"{'best ms':>8s} {'vs ort-fp32':>11s} {'vs nncf':>8s}"]
+    """One line per (model, batch, path): median ms with its ratios to ONNX Runtime fp32, to NNCF and to plain
+    DeiT-S on the same path, then the fastest round's ms with the same three ratios."""
+    head = f"{'vs ort-fp32':>11s} {'vs nncf':>8s} {'vs plain':>8s}"
+    lines = [f"{'model':6s} {'batch':>5s} {'path':10s} {'median ms':>10s} {head} {'best ms':>8s} {head}"]
     keys = sorted({(r.model, r.batch) for r in rows}, key=lambda k: (k[0], k[1]))
     for model, batch in keys:
         group = {r.path: r for r in rows if (r.model, r.batch) == (model, batch)}
+        plain = {r.path: r for r in rows if (r.model, r.batch) == ("plain", batch)}
         base, anchor = group.get("ort-fp32"), group.get("nncf-int8")
         for p in PATHS:
             if p in group:
-                r = group[p]
-                lines.append(f"{model:6s} {batch:5d} {p:10s} {r.median_ms:10.1f} "
-                             f"{_ratios(r, base, anchor, 'median_ms')} {r.best_ms:8.1f} "
-                             f"{_ratios(r, base, anchor, 'best_ms')}")
+                r, refs = group[p], (base, anchor, plain.get(p))
+                lines.append(f"{model:6s} {batch:5d} {p:10s} {r.median_ms:10.1f} {_ratios(r, refs, 'median_ms')} "
+                             f"{r.best_ms:8.1f} {_ratios(r, refs, 'best_ms')}")
     return "\n".join(lines)
 
 
-def _ratios(r: Row, base: Row | None, anchor: Row | None, attr: str) -> str:
+def format_plain_ratios(rows: list[Row]) -> str:
+    """Per batch and path: plain DeiT-S median ms and each iRPE model's median over it (same path, same rounds)."""
+    others = sorted({r.model for r in rows} - {"plain"})
+    lines = [f"{'batch':>5s} {'path':10s} {'plain ms':>9s} " + " ".join(f"{m + ' / plain':>12s}" for m in others)]
+    for batch in sorted({r.batch for r in rows}):
+        median = {(r.model, r.path): r.median_ms for r in rows if r.batch == batch}
+        for p in PATHS:
+            base = median.get(("plain", p))
+            if base:
+                cells = [f"{median[(m, p)] / base:11.2f}x" if (m, p) in median else f"{'n/a':>12s}" for m in others]
+                lines.append(f"{batch:5d} {p:10s} {base:9.1f} " + " ".join(cells))
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def _ratios(r: Row, refs: tuple[Row | None, ...], attr: str) -> str:
     def ratio(ref: Row | None, width: int) -> str:
         den = getattr(ref, attr) if ref else 0.0
         return f"{getattr(r, attr) / den:{width - 1}.2f}x" if den else f"{'n/a':>{width}s}"
 
-    return f"{ratio(base, 11)} {ratio(anchor, 8)}"
+    return " ".join(ratio(ref, w) for ref, w in zip(refs, (11, 8, 8), strict=True))

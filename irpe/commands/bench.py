@@ -43,7 +43,7 @@ def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         """Parse the lists, run the bench, print the table."""
-        from irpe.bench.cpu import format_table, run_cpu_bench
+        from irpe.bench.cpu import format_plain_ratios, format_table, run_cpu_bench
 
         batches = _ints(args.batch, "--batch")
         if not batches or min(batches) < 1 or args.repeats < 1 or args.warmup < 0 or args.calibration_size < 1:
@@ -53,6 +53,9 @@ def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
                                     calibration_size=args.calibration_size, scope=args.int8_scope,
                                     served=args.served)
         print(format_table(rows))
+        ratios = format_plain_ratios(rows)
+        if ratios:
+            print(f"\niRPE / plain DeiT-S on the same path (medians):\n{ratios}")
         for line in notes:
             print(line)
         return 0

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from irpe.bench.cpu import Row, format_table, run_cpu_bench
+from irpe.bench.cpu import Row, format_plain_ratios, format_table, run_cpu_bench
 from irpe.cli import main
 
 
-def test_table_ratios_to_onnxruntime_fp32_and_to_the_nncf_anchor() -> None:
+def test_table_ratios_to_onnxruntime_fp32_to_the_nncf_anchor_and_to_plain() -> None:
     rows = [Row("k", "ort-fp32", 8, 100.0, 5, 80.0), Row("k", "ov-int8", 8, 30.0, 5, 20.0),
-            Row("k", "nncf-int8", 8, 40.0, 5, 25.0), Row("k", "ov-bf16", 1, 10.0, 5, 9.0)]
+            Row("k", "nncf-int8", 8, 40.0, 5, 25.0), Row("k", "ov-bf16", 1, 10.0, 5, 9.0),
+            Row("plain", "ov-int8", 8, 25.0, 5, 16.0), Row("plain", "ort-fp32", 8, 90.0, 5, 80.0)]
     lines = format_table(rows).splitlines()
-    int8 = next(line for line in lines if "ov-int8" in line).split()
-    assert int8[4:6] == ["0.30x", "0.75x"] and int8[-2:] == ["0.25x", "0.80x"]
-    assert next(line for line in lines if "ov-bf16" in line).split()[-2:] == ["n/a", "n/a"]
+    int8 = next(line for line in lines if line.startswith("k") and "ov-int8" in line).split()
+    assert int8[4:7] == ["0.30x", "0.75x", "1.20x"] and int8[-3:] == ["0.25x", "0.80x", "1.25x"]
+    assert next(line for line in lines if "ov-bf16" in line).split()[-3:] == ["n/a", "n/a", "n/a"]
+    summary = format_plain_ratios(rows).splitlines()
+    assert summary[0].split()[-3:] == ["k", "/", "plain"]
+    assert summary[1].split() == ["8", "ort-fp32", "90.0", "1.11x"]
+    assert summary[2].split() == ["8", "ov-int8", "25.0", "1.20x"] and len(summary) == 3
+    assert format_plain_ratios(rows[:4]) == ""  # no plain model: no summary
 
 
 def test_unknown_models_and_paths_and_bad_batches_are_refused(capsys) -> None:
