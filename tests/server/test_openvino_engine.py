@@ -153,3 +153,15 @@ def test_backend_openvino_without_openvino_is_one_line_naming_the_extra(artifact
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr
     assert "irpe-deploy[cpu]" in lines[0] and "--backend onnxruntime" in lines[0]
+
+
+def test_int8_on_onnxruntime_says_in_one_line_that_openvino_is_its_fast_path(artifacts, caplog) -> None:
+    from irpe.server.engines.onnxruntime import INT8_ON_CPU
+
+    fp32_dir, int8_dir = artifacts
+    with caplog.at_level("WARNING", logger="irpe.server"):
+        load_engine(fp32_dir, load_artifact(fp32_dir), backend="onnxruntime")
+        assert INT8_ON_CPU not in caplog.messages
+        engine = load_engine(int8_dir, load_artifact(int8_dir), backend="onnxruntime")
+    assert engine.info.precision == "int8+fp32" and caplog.messages.count(INT8_ON_CPU) == 1
+    assert "\n" not in INT8_ON_CPU and "OpenVINO" in INT8_ON_CPU
