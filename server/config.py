@@ -37,6 +37,7 @@ class Settings:
     max_pixels: int = 40_000_000
     timeout_s: float = 30.0
     api_key: str = ""
+    admin_key: str = ""  # model control (load/unload) needs it; without it: allowed on a loopback bind only
     log_level: str = "info"
     jpeg_draft: bool = False
     precision: str = "auto"
@@ -190,6 +191,7 @@ class Settings:
         """The settings without secrets (for logs and /v1/models)."""
         d = asdict(self)
         d["api_key"] = "***" if self.api_key else ""
+        d["admin_key"] = "***" if self.admin_key else ""
         return d
 
 

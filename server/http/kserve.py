@@ -26,6 +26,7 @@ from irpe.artifact import ModelArtifact
 from ..hosting.host import ModelVersion
 from ..pipeline import oip
 from ..pipeline.service import Service
+from . import control
 from . import kserve_codec as codec
 from .body import read_limited
 from .errors import v2_error_responses
@@ -173,19 +174,19 @@ async def repository_index(request: Request) -> list[dict[str, str]]:
     return oip.repository_index(service_of(request))
 
 
-@router.post("/repository/models/{name}/load", responses=v2_error_responses(400, 401, 404))
+@router.post("/repository/models/{name}/load", responses=v2_error_responses(400, 401, 403, 404, 415))
 async def load_model(request: Request, name: str) -> dict[str, Any]:
     """Load (or reload) a model's versions from the repository (``--model-control explicit``): the new
     version is warmed before traffic moves to it; a failed load leaves the old one serving (400 + reason)."""
-    await asyncio.to_thread(service_of(request).control, name, True)
+    await control.run(request, service_of(request), name, True)
     return {}
 
 
-@router.post("/repository/models/{name}/unload", responses=v2_error_responses(400, 401, 404))
+@router.post("/repository/models/{name}/unload", responses=v2_error_responses(400, 401, 403, 404, 415))
 async def unload_model(request: Request, name: str) -> dict[str, Any]:
     """Unload every version of a model (``--model-control explicit``): requests already running finish,
     then the engines are freed; later requests for it get 404."""
-    await asyncio.to_thread(service_of(request).control, name, False)
+    await control.run(request, service_of(request), name, False)
     return {}
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 
 from ..pipeline.service import Service
+from .control import is_control
 from .errors import error_body_for
 
 log = logging.getLogger("irpe.server")
@@ -81,7 +82,7 @@ class ObserveMiddleware:
             await send_json(send, 421, error_body_for(
                 scope["path"], "misdirected_request", f"Host {host_name(scope)!r} is not served here "
                 "(--allowed-hosts; a loopback server without a key answers only localhost / 127.0.0.1 / [::1])"))
-        elif key and scope["path"] not in HEALTH_PATHS and not _authorized(scope, key):
+        elif key and scope["path"] not in HEALTH_PATHS and not _authorized(scope, key) and not self._admin(scope):
             status[0] = 401
             await send_json(send, 401, error_body_for(scope["path"], "unauthorized", "missing or wrong API key; "
                             "send 'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})
@@ -92,6 +93,11 @@ class ObserveMiddleware:
             series = self._series[key] = self._children(key)
         series[0].inc()
         series[1].observe(time.perf_counter() - start)
+
+    def _admin(self, scope: Scope) -> bool:
+        """A model control request with the admin key (it needs no inference key; see :mod:`.control`)."""
+        admin = self.service.settings.admin_key
+        return bool(admin) and is_control(scope["path"]) and _authorized(scope, admin)
 
     def _children(self, key: tuple[str, str, int]) -> tuple[Any, Any]:
         """The counter and histogram series of (route, method, status), looked up once (``labels()``
