@@ -11,6 +11,7 @@ so a version is never dropped under a request.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +30,21 @@ from ..metrics import Metrics
 log = logging.getLogger("irpe.server")
 Listener = Callable[[list["ModelVersion"]], None]
 NOT_STARTED = "model is loading / warming up"
+
+
+_VERSION = re.compile(r"[0-9]{1,18}")  # ASCII digits only ('²'.isdigit() is true), at most 18 of them
+
+
+def parse_version(version: str | int) -> int:
+    """A version number a client sent (path or query), parsed once: a plain ASCII number, else -1."""
+    if isinstance(version, int):
+        return version
+    return int(version) if _VERSION.fullmatch(version) else -1
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """A client's string shortened for a message (model names and versions come from the URL)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass(eq=False)
@@ -161,18 +177,19 @@ class ModelHost:
         if version in (None, ""):  # a version being retired takes only what was routed to it by number
             loaded = {v: mv for v, mv in loaded.items() if not mv.leaving}
         else:
-            v = int(version) if str(version).isdigit() else -1
+            v = parse_version(version)
             if v in loaded:
                 return loaded[v]
-            raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' version {version} is not "
-                           f"found (loaded versions: {sorted(loaded) or 'none'}; see POST /v2/repository/index)")
+            raise APIError(404, "model_not_found", f"Request for unknown model: '{clip(name)}' version "
+                           f"{clip(str(version))} is not found (loaded versions: {sorted(loaded) or 'none'}; see "
+                           "POST /v2/repository/index)")
         if not loaded:
             broken = [mv.reason for mv in self.records.get(name, {}).values() if mv.reason not in ("", "unloaded")]
             if broken:
                 raise APIError(503, "not_ready", f"model '{name}' is not available: {broken[-1]}",
                                {"Retry-After": "1"})
             why = "is not loaded" if name in self.catalog() else "is not in the model repository"
-            raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' {why} (models served: "
+            raise APIError(404, "model_not_found", f"Request for unknown model: '{clip(name)}' {why} (models served: "
                            f"{self.names() or 'none'}; see POST /v2/repository/index)")
         return loaded[max(loaded)]
 

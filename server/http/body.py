@@ -22,7 +22,7 @@ def _too_large(limit: int) -> APIError:
 def check_content_length(request: Request, limit: int) -> None:
     """Refuse a declared body over ``limit`` before reading a byte of it."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit)
 
 

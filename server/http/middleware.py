@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect
 from ..pipeline.service import Service
 from .control import is_control
 from .errors import error_body_for
+from .tracing import printable
 
 log = logging.getLogger("irpe.server")
 
@@ -121,9 +122,9 @@ class ObserveMiddleware:
             await self.app(scope, receive, observe)
         except ClientDisconnect:  # the client left mid-upload: nobody to answer, nothing to log loudly
             status[0] = 499
-            log.info("client disconnected during %s %s", scope["method"], scope["path"])
+            log.info("client disconnected during %s %s", printable(scope["method"], 16), printable(scope["path"]))
         except Exception:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            log.exception("unhandled error on %s %s", printable(scope["method"], 16), printable(scope["path"]))
             status[0] = 500
             if not started:
                 await send_json(send, 500, error_body_for(scope["path"], "internal_error", "unexpected server "

@@ -4,8 +4,9 @@
   the response, put in ``request.state.request_id`` (the /v2 ``id`` when the client sent none) and in the
   access log line (logger ``irpe.access``, INFO).
 - ``traceparent``: a valid incoming W3C header makes this request's span a child of the caller's; the
-  response carries ``traceparent`` with the same trace id and this server's span id (``tracestate`` is
-  passed through). Without one, a new trace starts.
+  response carries ``traceparent`` with the same trace id and this server's span id (a ``tracestate``
+  valid by W3C's grammar and limits is passed through; another is dropped). Without one, a new trace starts.
+- The access line escapes the path (control characters, quotes, non-ASCII) and caps it at 200 characters.
 - With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set and the ``[otel]``
   extra installed, each request is a SERVER span exported by OpenTelemetry's OTLP/HTTP exporter (batched;
   ``OTEL_SERVICE_NAME`` defaults to ``irpe-deploy``). Without the extra, a warning names the fix.
@@ -26,6 +27,11 @@ access = logging.getLogger("irpe.access")
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+_TRACESTATE_KEY = r"(?:[a-z][a-z0-9_*/-]{0,255}|[a-z0-9][a-z0-9_*/-]{0,240}@[a-z][a-z0-9_*/-]{0,13})"
+_TRACESTATE_MEMBER = re.compile(_TRACESTATE_KEY + r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+MAX_TRACESTATE = 512  # W3C: at most 512 characters and 32 list members are propagated
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+MAX_LOGGED = 200  # characters of a client's string (a path) in a log line
 Scope = dict[str, Any]
 
 
@@ -50,6 +56,25 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
     if version == "ff" or (version == "00" and rest) or set(trace_id) == {"0"} or set(span_id) == {"0"}:
         return None
     return TraceParent(trace_id, span_id, flags)
+
+
+def valid_tracestate(value: str | None) -> str | None:
+    """``tracestate`` as W3C Trace Context defines it (at most 512 characters and 32 members, each
+    ``key=value`` in its grammar), or None: an invalid one is dropped, not passed on."""
+    if not value or len(value) > MAX_TRACESTATE:
+        return None
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    if not members or len(members) > 32 or not all(_TRACESTATE_MEMBER.fullmatch(m) for m in members):
+        return None
+    return ",".join(members)
+
+
+def printable(text: str, limit: int = MAX_LOGGED) -> str:
+    """A client's string as a log line may carry it: control characters, quotes, backslashes and non-ASCII
+    escaped (no forged line), at most ``limit`` characters of it."""
+    out = text[:limit].encode("unicode_escape").decode("ascii").replace('"', '\\"')
+    return out if len(text) <= limit else f"{out}...({len(text)} chars)"
 
 
 def request_id_from(value: str | None) -> str:
@@ -117,17 +142,17 @@ class TraceMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         span = None
         if self.tracer is not None:
-            span = _start_span(self.tracer, f"{scope['method']} {scope['path']}", parent,
-                               {"http.request.method": scope["method"], "url.path": scope["path"],
-                                "irpe.request_id": request_id})
+            method = scope["method"] if scope["method"] in _METHODS else "HTTP"  # the route is added once known
+            span = _start_span(self.tracer, method, parent, {"http.request.method": method, "url.path":
+                               scope["path"][:MAX_LOGGED], "irpe.request_id": request_id})
             ctx = span.get_span_context()
             mine = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{int(ctx.trace_flags):02x}")
         else:
             mine = TraceParent(parent.trace_id if parent else _hex(128), _hex(64),
                                parent.flags if parent else "01")
         extra = [(b"x-request-id", request_id.encode()), (b"traceparent", mine.header().encode())]
-        if b"tracestate" in headers and parent is not None:
-            extra.append((b"tracestate", headers[b"tracestate"].encode("latin-1")))
+        if parent is not None and (state := valid_tracestate(headers.get(b"tracestate"))):
+            extra.append((b"tracestate", state.encode("latin-1")))
         status = [0]
 
         async def traced_send(message: dict[str, Any]) -> None:
@@ -145,8 +170,8 @@ class TraceMiddleware:
     def _finish(scope: Scope, span: Any, status: int, start: float, request_id: str, mine: TraceParent) -> None:
         ms = (time.perf_counter() - start) * 1e3
         client = scope.get("client") or ("-", 0)
-        access.info('%s "%s %s" %d %.1fms request_id=%s trace_id=%s', client[0], scope["method"], scope["path"],
-                    status, ms, request_id, mine.trace_id)
+        access.info('%s "%s %s" %d %.1fms request_id=%s trace_id=%s', client[0], printable(scope["method"], 16),
+                    printable(scope["path"]), status, ms, request_id, mine.trace_id)
         if span is not None:
             from opentelemetry.trace import Status, StatusCode
 
