@@ -24,6 +24,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from ..errors import APIError
 from ..pipeline import oip
+from ..pipeline.control import check_admin, run_control
 from ..pipeline.service import Service
 from . import codec
 from .status import grpc_code
@@ -42,6 +43,11 @@ def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
             scheme, _, token = value.strip().partition(" ")
             return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
     return False
+
+
+def _authorization(context: grpc.aio.ServicerContext) -> str:
+    return next((v for k, v in context.invocation_metadata() or () if k == "authorization" and isinstance(v, str)),
+                "")
 
 
 def rpc(open_: bool = False) -> Callable[[Handler], Handler]:
@@ -132,19 +138,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                               context: Any) -> pb.RepositoryIndexResponse:
         return codec.repository_index(oip.repository_index(self.service, request.ready))
 
-    @rpc()
+    @rpc(open_=True)  # the admin key where one is set (pipeline/control.py), else the API key
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   context: Any) -> pb.RepositoryModelLoadResponse:
+        check_admin(self.service.settings, _authorization(context))
         if request.parameters:
             raise APIError(400, "invalid_input", f"load parameters {sorted(request.parameters)} are not "
                            "supported: models load from the repository on disk as they are")
-        await asyncio.to_thread(self.service.control, request.model_name, True)
+        await run_control(self.service, request.model_name, True)
         return pb.RepositoryModelLoadResponse()
 
-    @rpc()
+    @rpc(open_=True)
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
-        await asyncio.to_thread(self.service.control, request.model_name, False)
+        check_admin(self.service.settings, _authorization(context))
+        await run_control(self.service, request.model_name, False)
         return pb.RepositoryModelUnloadResponse()
 
     @rpc()

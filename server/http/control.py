@@ -1,38 +1,31 @@
-"""Who may load and unload models (``POST /v2/repository/models/{m}/load|unload``), and what they may send.
+"""What a model control request over HTTP (``POST /v2/repository/models/{m}/load|unload``) may be.
 
-A model control request is refused (403) when a browser says it comes from another site: an ``Origin``
-that is not this server's own (``Host``), or ``Sec-Fetch-Site`` other than ``same-origin`` / ``none``; and
-(415) when its body has a content type other than JSON. Any web page can make a browser send a "simple"
-cross-site POST (``text/plain``, a form, a typeless blob) to a loopback server; browsers always add
-``Origin`` and ``Sec-Fetch-Site`` to it, and a JSON content type forces a CORS preflight this server never
-grants. Scripted clients (tritonclient sends ``{}`` with no content type) send neither header.
-
-With ``IRPE_ADMIN_KEY`` set, model control needs ``Authorization: Bearer <admin key>`` (the inference key
-is not enough; the admin key is not an inference key). Without it, model control is open only on a loopback
-bind. The body is Triton's: a JSON object whose ``parameters`` this server does not support (a model
-``config``, ``file:`` contents) are a 400, never silently ignored.
+Refused (403) when a browser says it comes from another site: an ``Origin`` that is not this server's own
+(``Host``), or ``Sec-Fetch-Site`` other than ``same-origin`` / ``none``; and (415) when its body has a
+content type other than JSON. Any web page can make a browser send a "simple" cross-site POST
+(``text/plain``, a form, a typeless blob) to a loopback server; browsers always add ``Origin`` and
+``Sec-Fetch-Site`` to it, and a JSON content type forces a CORS preflight this server never grants.
+Scripted clients (tritonclient sends ``{}`` with no content type) send neither header. Who may control
+models at all (the admin key, loopback) is :mod:`..pipeline.control`. The body is Triton's: ``parameters``
+this server does not support (a model ``config``, ``file:`` contents) are a 400, never silently ignored.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
 from fastapi import Request
 
-from ..config import is_loopback
 from ..errors import APIError
+from ..pipeline.control import check_admin, run_control
 from ..pipeline.service import Service
 from .body import read_limited
 
 CONTROL_PATH = re.compile(r"/v2/repository/models/[^/]+/(load|unload)")
 MAX_CONTROL_BODY = 64 * 1024
 _UNLOAD_PARAMETERS = frozenset({"unload_dependents"})  # no model here has dependents
-_pool: ThreadPoolExecutor | None = None  # one thread: control calls take the host's lock one at a time anyway
 
 
 def is_control(path: str) -> bool:
@@ -40,13 +33,9 @@ def is_control(path: str) -> bool:
 
 
 async def run(request: Request, service: Service, name: str, load: bool) -> None:
-    """Check the request (:func:`check_control`), then load or unload ``name`` in the control thread (not
-    the loop's default executor, which many slow loads would otherwise fill)."""
-    global _pool
+    """Check the request (:func:`check_control`), then load or unload ``name``."""
     await check_control(request, service, load)
-    if _pool is None:
-        _pool = ThreadPoolExecutor(1, thread_name_prefix="irpe-control")
-    await asyncio.get_running_loop().run_in_executor(_pool, service.control, name, load)
+    await run_control(service, name, load)
 
 
 async def check_control(request: Request, service: Service, load: bool) -> None:
@@ -54,7 +43,7 @@ async def check_control(request: Request, service: Service, load: bool) -> None:
     is needed, and one whose body asks for what is not supported (APIError)."""
     headers = request.headers
     _same_site(headers.get("origin"), headers.get("sec-fetch-site"), headers.get("host", ""))
-    _admin(service, headers.get("authorization", ""))
+    check_admin(service.settings, headers.get("authorization", ""))
     kind = headers.get("content-type", "").split(";")[0].strip().lower()
     if kind and kind != "application/json":
         raise APIError(415, "unsupported_media_type", f"model control takes a JSON body; got Content-Type {kind!r} "
@@ -69,18 +58,6 @@ def _same_site(origin: str | None, fetch_site: str | None, host: str) -> None:
     if origin is not None and origin.strip().lower() not in (f"http://{host.lower()}", f"https://{host.lower()}"):
         raise APIError(403, "cross_site", f"model control refused from origin {origin[:100]!r}, not this "
                        "server's; call it from a script or the server's own origin")
-
-
-def _admin(service: Service, authorization: str) -> None:
-    s = service.settings
-    if s.admin_key:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), s.admin_key.encode()):
-            raise APIError(403, "forbidden", "model control needs the admin key: send 'Authorization: Bearer "
-                           "<IRPE_ADMIN_KEY>'", {"WWW-Authenticate": "Bearer"})
-    elif not is_loopback(s.host):
-        raise APIError(403, "forbidden", f"model control on a non-loopback bind ({s.host}) needs an admin key; "
-                       "restart with IRPE_ADMIN_KEY=<secret> and send 'Authorization: Bearer <secret>'")
 
 
 def _parameters(raw: bytes, load: bool) -> None:

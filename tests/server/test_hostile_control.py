@@ -127,3 +127,45 @@ def test_off_loopback_model_control_needs_an_admin_key(repo: Path) -> None:
         r = httpx.post(f"{url}/v2/repository/models/beta/unload", json={}, headers={"authorization": "Bearer adm"},
                        timeout=30)
         assert r.status_code == 200 and not _ready(url, "beta")
+
+
+GRPC_UNLOAD = """
+import sys
+import tritonclient.grpc as g
+from tritonclient.utils import InferenceServerException
+client = g.InferenceServerClient(sys.argv[1])
+try:
+    client.unload_model("beta", headers={"authorization": "Bearer " + sys.argv[2]})
+    print("OK")
+except InferenceServerException as e:
+    print(e.status())
+"""
+
+
+def test_grpc_model_control_takes_the_admin_key_too(repo: Path) -> None:
+    """The same rule over gRPC: the inference key does not unload, the admin key does."""
+    import re
+    import subprocess
+    import sys
+
+    env = server_env(IRPE_API_KEY="inference-key", IRPE_ADMIN_KEY="admin-key")
+    s = start_server(repo, "--model-control", "explicit", "--default-model", "alpha", "--grpc-port", "0", env=env)
+    try:
+        address = re.search(r"gRPC listening on ([0-9.]+:[0-9]+)", s.output()).group(1)
+
+        def unload(key: str) -> str:
+            out = subprocess.run([sys.executable, "-c", GRPC_UNLOAD, address, key], capture_output=True, text=True,
+                                 timeout=60)
+            return out.stdout.strip() or out.stderr[-500:]
+
+        assert unload("inference-key") == "StatusCode.PERMISSION_DENIED"
+        assert _ready_with(s.url, "beta", "inference-key")
+        assert unload("admin-key") == "OK"
+        assert not _ready_with(s.url, "beta", "inference-key")
+    finally:
+        s.stop()
+
+
+def _ready_with(url: str, model: str, key: str) -> bool:
+    return httpx.get(f"{url}/v2/models/{model}/ready", headers={"authorization": f"Bearer {key}"},
+                     timeout=10).status_code == 200
