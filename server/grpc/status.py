@@ -8,8 +8,7 @@ import grpc
 CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,  # a malformed or mismatched request; a failed model load
     401: grpc.StatusCode.UNAUTHENTICATED,  # missing or wrong API key
-    403: grpc.StatusCode.PERMISSION_DENIED,  # client shared memory while --allow-client-shm is off; model control
-                                            # without the admin key (pipeline/control.py)
+    403: grpc.StatusCode.PERMISSION_DENIED,  # client shm while --allow-client-shm is off; control without admin key
     404: grpc.StatusCode.NOT_FOUND,  # unknown model or version
     413: grpc.StatusCode.INVALID_ARGUMENT,  # more images than max_batch_size (--max-queue), as Triton's batch check
     415: grpc.StatusCode.INVALID_ARGUMENT,
