@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ from ..config import Settings
 from ..engines import EngineError, load_engine, warm_up
 from ..errors import APIError
 from ..metrics import Metrics
-from .host import CatalogEntry, ModelHost, ModelVersion
+from .host import CatalogEntry, ModelHost, ModelVersion, clip
 from .layout import ModelDir, RepositoryError, scan, signature
 
 log = logging.getLogger("irpe.server")
@@ -77,7 +78,14 @@ class LocalHost(ModelHost):
         self._stop_poll = threading.Event()
 
     def catalog(self) -> dict[str, CatalogEntry]:
-        return {n: CatalogEntry(d.config.policy.to_config(), d.error, d.config.max_queue) for n, d in self.dirs.items()}
+        return {n: CatalogEntry(d.config.policy.to_config(), self.relative(d.error), d.config.max_queue)
+                for n, d in self.dirs.items()}
+
+    def relative(self, text: str) -> str:
+        """A reason clients see, with the repository's absolute path taken out (paths inside it relative)."""
+        for root in dict.fromkeys((str(self.root), str(self.root.resolve()))):
+            text = text.replace(root + os.sep, "").replace(root, "the model repository")
+        return text
 
     def startup_failure(self) -> str:
         """Why the default model is not serving after the startup warm-up."""
@@ -126,8 +134,8 @@ class LocalHost(ModelHost):
         mode = self.settings.model_control
         known = name in self.dirs or name in self.records
         if not known and not (load and mode == "explicit"):
-            raise APIError(404, "model_not_found", f"Request for unknown model: '{name}' is not in the model "
-                           f"repository {self.settings.artifact_dir} (models: {sorted(self.dirs)})")
+            raise APIError(404, "model_not_found", f"Request for unknown model: '{clip(name)}' is not in the model "
+                           f"repository (models: {sorted(self.dirs)})")
         if mode != "explicit":
             if load and self.newest(name) is not None:
                 return  # already loaded: a no-op, as before
@@ -137,10 +145,10 @@ class LocalHost(ModelHost):
         try:
             self.load(name) if load else self.unload(name)
         except KeyError:
-            raise APIError(404, "model_not_found", f"failed to load '{name}': no such model in the repository "
-                           f"{self.settings.artifact_dir} (models: {sorted(self.dirs)})") from None
+            raise APIError(404, "model_not_found", f"failed to load '{clip(name)}': no such model in the repository "
+                           f"(models: {sorted(self.dirs)})") from None
         except ArtifactError as e:
-            raise APIError(400, "load_failed", str(e)) from None
+            raise APIError(400, "load_failed", self.relative(str(e))) from None
 
     def shutdown(self, timeout: float) -> None:
         """Stop polling, then drain every batcher (queued images still run)."""
@@ -268,7 +276,7 @@ class LocalHost(ModelHost):
                     self._retire(mv)
 
     def _failed(self, mv: ModelVersion, reason: str) -> ModelVersion:
-        mv.state, mv.reason, mv.engine, mv.batcher = "UNAVAILABLE", reason, None, None
+        mv.state, mv.reason, mv.engine, mv.batcher = "UNAVAILABLE", self.relative(reason), None, None
         if not self._quiet:
             log.error("model %s version %d not loaded: %s", mv.name, mv.version, reason)
         return mv

@@ -112,6 +112,8 @@ class EngineServer:
             self._acked.pop(writer, None)
             writer.close()
             for shm, _ in pools.values():
+                with contextlib.suppress(FileNotFoundError):  # the front end is gone (a SIGKILL, too): its
+                    shm.unlink()  # blocks go with it, not when the whole server exits (a clean exit unlinked them)
                 with contextlib.suppress(BufferError):  # views still queued keep the mapping until collected
                     shm.close()
 

@@ -9,6 +9,7 @@ One pool per input shape (crop size); the frames that describe and use them are 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from multiprocessing import shared_memory
 from typing import Any
@@ -55,16 +56,18 @@ class SlotPool:
         return {"shm": self.name, "slots": self.slots, "shape": list(self.shape), "dtype": self.dtype.name}
 
     def close(self) -> None:
-        """Unmap and unlink the block."""
+        """Unmap and unlink the block (unless the engine did, on seeing this front end's link close)."""
         del self.array
         self.shm.close()
-        self.shm.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.shm.unlink()
 
 
 def attach(desc: dict[str, Any]) -> tuple[shared_memory.SharedMemory, np.ndarray]:
     """The engine side: map a front end's block. The front end owns and unlinks it; Python < 3.13 also
     registers an attached block with the resource tracker, which the supervisor's children share, so the
-    registration is the same one (a front end killed before unlinking is cleaned up when the tree exits)."""
+    registration is the same one. The engine unlinks a front end's blocks when its link closes (a front end
+    killed before unlinking included)."""
     shm = shared_memory.SharedMemory(name=desc["shm"])
     array = np.ndarray((int(desc["slots"]), *desc["shape"]), np.dtype(desc["dtype"]), buffer=shm.buf)
     return shm, array
