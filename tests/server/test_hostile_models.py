@@ -172,3 +172,16 @@ def test_a_failed_rewrite_in_place_shows_in_the_index(explicit: tuple[ServerProc
     constant_artifact(root / "beta" / "1", 8, "beta")
     _control(server.url, "beta", "load")
     assert beta_row() == {"name": "beta", "version": "1", "state": "READY", "reason": ""}
+
+
+def test_unload_with_front_ends_never_answers_with_another_models_logits(tmp_path: Path) -> None:
+    """The same race with ``--frontends 1``: the front end holds its copy of beta's version, the engine
+    process retires it."""
+    root = _repo(tmp_path / "repo")
+    outcomes: list[tuple[int, int]] = []
+    with serving(root, "--model-control", "explicit", "--load-model", "*", "--default-model", "alpha",
+                 "--timeout-s", "0.4", "--max-wait-ms", "1", "--frontends", "1") as server:
+        for _ in range(TRIALS):
+            _race(server.url, lambda: _control(server.url, "beta", "unload"),
+                  lambda: _control(server.url, "beta", "load"), outcomes)
+    print("F2 unload --frontends 1:", outcomes)
