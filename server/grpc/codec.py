@@ -38,6 +38,11 @@ def params(field: Any) -> dict[str, Any]:
     return {k: param_value(v) for k, v in field.items()}
 
 
+def inline(req: pb.ModelInferRequest) -> bool:
+    """Whether checking the input costs less than a hop to the decode pool: raw bytes, small."""
+    return len(req.raw_input_contents) == 1 and len(req.raw_input_contents[0]) <= oip.INLINE_BYTES
+
+
 def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
                  shm: SharedMemoryRegistry) -> np.ndarray:
     """The checked ``images`` array of an inference request (every check before any inference)."""

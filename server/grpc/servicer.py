@@ -88,12 +88,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, service: Service):
         self.service = service
+        self._series: dict[tuple[str, grpc.StatusCode], tuple[Any, Any]] = {}
 
     def observe(self, route: str, code: grpc.StatusCode, seconds: float) -> None:
-        """Count one call (its gRPC status name as ``status``) and its latency."""
-        m = self.service.metrics
-        m.requests.labels(route, "GRPC", code.name).inc()
-        m.latency.labels(route).observe(seconds)
+        """Count one call (its gRPC status name as ``status``) and its latency (the series looked up once:
+        ``labels()`` takes a lock and validates on every call; bounded by the RPCs and codes that exist)."""
+        if (series := self._series.get((route, code))) is None:
+            m = self.service.metrics
+            series = self._series[(route, code)] = (m.requests.labels(route, "GRPC", code.name),
+                                                    m.latency.labels(route))
+        series[0].inc()
+        series[1].observe(seconds)
 
     def check_key(self, context: grpc.aio.ServicerContext) -> None:
         if not authorized(context, self.service.settings.api_key):
@@ -187,19 +192,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             art = mv.art
             assert art is not None
             loop = asyncio.get_running_loop()
-            images = await loop.run_in_executor(service.pool, codec.decode_infer, req, art,
-                                                service.settings.max_queue, service.shm)
+            args = (req, art, oip.max_images(service), service.shm)
+            images = codec.decode_infer(*args) if codec.inline(req) else \
+                await loop.run_in_executor(service.pool, codec.decode_infer, *args)
             k, ref = codec.requested(req, art, len(images), service.shm)
             logits = await oip.infer(service, mv, images, started)
             if ref is not None:
                 oip.shm_output(service.shm, ref, art.output_name, logits)
             return codec.encode_infer(req, logits, -1 if ref else k, art, mv.name, str(mv.version),
-                                      uuid.uuid4().hex)
+                                      req.id or uuid.uuid4().hex)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests of one stream run concurrently (they batch together); answers come as they finish, each
-        with its request's id; a failed request is an answer with ``error_message``."""
+        """Requests of one stream run concurrently (they batch together), at most ``max_batch_size`` at once
+        (then the stream is not read further until one is answered: gRPC's flow control holds the client);
+        answers come as they finish, each with its request's id; a failed request is an answer with
+        ``error_message``."""
         try:
             self.check_key(context)
         except APIError as e:
@@ -215,11 +223,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _feed(self, requests: AsyncIterator[pb.ModelInferRequest],
                     answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
         tasks: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(oip.max_images(self.service))  # more could never all be queued: stop reading
         try:
             async for req in requests:
+                await room.acquire()
                 task = asyncio.ensure_future(self._stream_one(req, answers))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                task.add_done_callback(lambda _: room.release())
             if tasks:
                 await asyncio.gather(*tasks)
         finally:

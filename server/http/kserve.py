@@ -50,7 +50,7 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifac
     return req, codec.input_array(spec, body, split, max_images)
 
 
-INLINE_BYTES = 2 << 20  # an uncompressed binary-tensor body up to this size is parsed on the event loop
+INLINE_BYTES = oip.INLINE_BYTES  # an uncompressed binary-tensor body up to this size is parsed on the event loop
 INLINE_HEADER = 16 << 10  # ... when its JSON header is at most this long (JSON "data" goes to the pool)
 INLINE_VALUES = 4096  # an answer of up to this many logits is rendered on the event loop
 
@@ -83,7 +83,7 @@ async def _infer_on(request: Request, service: Service, mv: ModelVersion, starte
     raw = await read_limited(request, s.max_body_bytes)
     loop = asyncio.get_running_loop()
     encoding = request.headers.get("content-encoding", "")
-    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, s.max_queue)
+    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, oip.max_images(service))
     req, images = _decode(*args) if _inline(raw, encoding, args[2]) else \
         await loop.run_in_executor(service.pool, _decode, *args)
     logits = await oip.infer(service, mv, images, started)

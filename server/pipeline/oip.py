@@ -26,6 +26,7 @@ DATATYPE = "FP32"
 SERVER_NAME = "irpe-deploy"
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "model_repository", "statistics",
               "parameters"]
+INLINE_BYTES = 2 << 20  # tensor bytes up to this size are checked on the event loop (cheaper than a pool hop)
 _CODES = {400: "invalid_input", 413: "payload_too_large", 415: "unsupported_media_type"}
 
 
@@ -117,6 +118,11 @@ def model_ready(service: Service, name: str, version: str | None = None) -> bool
 def repository_index(service: Service, ready_only: bool = False) -> list[dict[str, str]]:
     """Triton's model repository index: every model and version, its state and the reason."""
     return [e for e in service.host.index() if not ready_only or e.get("state") == "READY"]
+
+
+def max_images(service: Service) -> int:
+    """The most images one inference request may carry (the model config's ``max_batch_size``)."""
+    return service.settings.max_queue
 
 
 def count(value: object, what: str) -> int:
