@@ -23,7 +23,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,11 +160,14 @@ class Cell:
 
 
 def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels: list[int], rounds: int,
-            interval_ms: int, command: list[str]) -> list[Cell]:
-    """``rounds`` x (protocol, concurrency, both servers in alternating order)."""
+            interval_ms: int, command: list[str], between: Callable[[], None] | None = None) -> list[Cell]:
+    """``rounds`` x (protocol, concurrency, both servers in alternating order); ``between`` runs before each
+    round."""
     servers = list(dict.fromkeys(s for s, _ in targets))
     cells = [Cell(p, c, {s: [] for s in servers}) for p in protocols for c in levels]
     for r in range(rounds):
+        if between is not None:
+            between()
         order = servers if r % 2 == 0 else servers[::-1]
         for cell in cells:
             for server in order:
@@ -258,7 +261,43 @@ def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str 
             raise BenchError(f"no {', '.join(missing)} here: choose --protocols from what both serve")
         targets = {(s, p): Target(s, p, urls[s][p], "irpe" if s == "triton" else name)
                    for s in urls for p in opts.protocols}
-        return measure(targets, opts.protocols, opts.levels, opts.rounds, opts.interval_ms, command)
+        bare = BareSession(artifact)
+        cells = measure(targets, opts.protocols, opts.levels, opts.rounds, opts.interval_ms, command, bare.time)
+        print(f"bare ONNX Runtime session, {bare.threads} intra-op threads (every core), batch 1, beside the "
+              f"rounds: p50 {bare.p50_ms():.2f} ms", flush=True)
+        return cells
+
+
+class BareSession:
+    """The engine alone: an ONNX Runtime session on every usable core at batch 1 (what a lone request
+    could get), timed between the rounds (the servers idle then)."""
+
+    def __init__(self, artifact: Path, runs: int = 30):
+        import numpy as np
+        import onnxruntime as ort
+
+        from irpe.artifact import load_artifact
+        from irpe.server.config import usable_cpus
+
+        art = load_artifact(artifact)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads, self.threads = usable_cpus(), 1, usable_cpus()
+        self.session = ort.InferenceSession(str(artifact / art.onnx_file), so, providers=["CPUExecutionProvider"])
+        self.feed = {art.input_name: np.zeros((1, 3, art.preprocess.crop, art.preprocess.crop), np.float32)}
+        self.runs, self.times = runs, []
+        self.session.run(None, self.feed)
+
+    def time(self) -> None:
+        """``runs`` timed calls."""
+        import time
+
+        for _ in range(self.runs):
+            start = time.perf_counter()
+            self.session.run(None, self.feed)
+            self.times.append(time.perf_counter() - start)
+
+    def p50_ms(self) -> float:
+        return 1e3 * statistics.median(self.times) if self.times else float("nan")
 
 
 def model_artifact(model: str, tmp: Path) -> Path:

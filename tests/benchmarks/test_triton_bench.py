@@ -112,3 +112,13 @@ def test_one_short_real_run_measures_both_servers(tmp_path: Path, capsys) -> Non
         assert m.rps > 0 and m.inferences > 0 and 1.0 <= m.batch <= 2.0 and m.p99_ms >= m.p50_ms > 0
     assert "irpe/Triton" in capsys.readouterr().out
 
+
+
+def test_bare_session_times_every_core_at_batch_one(tmp_path: Path) -> None:
+    from irpe.server.config import usable_cpus
+
+    bare = tb.BareSession(make_artifact(tmp_path / "a"), runs=3)
+    assert bare.p50_ms() != bare.p50_ms()  # nan before any round
+    bare.time()
+    bare.time()
+    assert len(bare.times) == 6 and bare.p50_ms() > 0 and bare.threads == usable_cpus()
