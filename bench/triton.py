@@ -22,6 +22,7 @@ import shlex
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -113,14 +114,14 @@ def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:
             "-s", "1000", "--max-trials", "3"]
 
 
-def run_pa(command: list[str], args: list[str], timeout_s: float = 300.0, tries: int = 2) -> Measure:
+def run_pa(command: list[str], args: list[str], timeout_s: float = 150.0, tries: int = 2) -> Measure:
     """Run perf_analyzer once and parse its report; a run that reports nothing (no stable window on a busy
-    machine) is repeated once with windows twice as long."""
+    machine) or hangs past ``timeout_s`` is repeated once with windows twice as long."""
     for attempt in range(tries):
         try:
             out = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
-            raise BenchError(f"perf_analyzer ran past {timeout_s:.0f} s: {' '.join(args)}") from e
+            out = subprocess.CompletedProcess(e.cmd, 124, _text(e.stdout), f"ran past {timeout_s:.0f} s")
         except FileNotFoundError as e:
             raise BenchError(f"{command[0]} not found: pass --perf-analyzer 'CMD'") from e
         text = f"{out.stdout}\n{out.stderr}"
@@ -138,6 +139,13 @@ def run_pa(command: list[str], args: list[str], timeout_s: float = 300.0, tries:
                      f"{text[-2000:]}")
 
 
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+MISSED = Measure(*(float("nan"),) * 5, 0, 0)  # a run that failed twice: shown as nan, the bench goes on
+
+
 @dataclass
 class Cell:
     """Every round's measure of one (protocol, concurrency), both servers."""
@@ -148,11 +156,14 @@ class Cell:
 
     def ratio_to(self, server: str, other: str) -> float:
         """``server``/``other`` throughput: the median of the per-round ratios."""
-        return statistics.median(a.rps / b.rps if b.rps else float("nan")
-                                 for a, b in zip(self.runs[server], self.runs[other], strict=True))
+        ratios = [a.rps / b.rps for a, b in zip(self.runs[server], self.runs[other], strict=True)
+                  if MISSED not in (a, b) and b.rps]
+        return statistics.median(ratios) if ratios else float("nan")
 
     def median(self, server: str, attr: str) -> float:
-        return statistics.median(getattr(m, attr) for m in self.runs[server])
+        """The median over the rounds that measured something (nan when none did)."""
+        values = [getattr(m, attr) for m in self.runs[server] if m is not MISSED]
+        return statistics.median(values) if values else float("nan")
 
     def ratio(self) -> float:
         """irpe/Triton throughput: the median of the per-round ratios."""
@@ -172,7 +183,13 @@ def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels
         for cell in cells:
             for server in order:
                 t = targets[(server, cell.protocol)]
-                cell.runs[server].append(run_pa(command, pa_args(t, cell.concurrency, interval_ms)))
+                try:
+                    m = run_pa(command, pa_args(t, cell.concurrency, interval_ms))
+                except BenchError as e:
+                    print(f"irpe bench triton: {server} {cell.protocol} c={cell.concurrency} missed: "
+                          f"{str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+                    m = MISSED
+                cell.runs[server].append(m)
     return cells
 
 

@@ -122,3 +122,13 @@ def test_bare_session_times_every_core_at_batch_one(tmp_path: Path) -> None:
     bare.time()
     bare.time()
     assert len(bare.times) == 6 and bare.p50_ms() > 0 and bare.threads == usable_cpus()
+
+
+def test_a_missed_run_is_left_out_of_medians_and_ratios() -> None:
+    def m(rps: float) -> tb.Measure:
+        return tb.Measure(rps, 1.0, 2.0, 1.5, 1.0, 10, 5)
+
+    cell = tb.Cell("http", 8, {"triton": [m(100), tb.MISSED, m(300)], "irpe": [m(50), m(400), m(600)]})
+    assert cell.median("triton", "rps") == 200 and cell.median("irpe", "rps") == 400
+    assert cell.ratio() == pytest.approx(1.25)  # rounds 1 and 3 only: 0.5 and 2.0
+    assert "nan" in tb.format_cells("t", [tb.Cell("http", 1, {"triton": [tb.MISSED], "irpe": [m(1)]})])
