@@ -34,6 +34,7 @@ from irpe.artifact import ModelArtifact, load_artifact
 PYTRITON_VERSION = "0.7.0"
 SYSTEM_PYTHON = os.environ.get("IRPE_TRITON_PYTHON", "/usr/bin/python3")
 MODEL_FILE = Path(__file__).with_name("triton_model.py")
+LABELS_FILE = "labels.txt"
 
 
 class TritonUnavailable(RuntimeError):
@@ -120,20 +121,23 @@ def model_config(name: str, art: ModelArtifact, *, max_batch: int, max_delay_us:
     at once; ``preferred``: the preferred batch sizes, none by default)."""
     s = art.img_size
     sizes = f"preferred_batch_size: [ {', '.join(map(str, preferred))} ] " if preferred else ""
+    labels = f' label_filename: "{LABELS_FILE}"' if art.labels else ""
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
             f'input [ {{ name: "{art.input_name}" data_type: TYPE_FP32 dims: [ 3, {s}, {s} ] }} ]\n'
-            f'output [ {{ name: "{art.output_name}" data_type: TYPE_FP32 dims: [ {art.num_classes} ] }} ]\n'
+            f'output [ {{ name: "{art.output_name}" data_type: TYPE_FP32 dims: [ {art.num_classes} ]{labels} }} ]\n'
             f"dynamic_batching {{ {sizes}max_queue_delay_microseconds: {max_delay_us} }}\n"
             f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n"
             f'parameters {{ key: "intra_op_threads" value: {{ string_value: "{threads}" }} }}\n')
 
 
 def write_repository(root: Path, name: str, artifact_dir: Path, **config: Any) -> Path:
-    """``root/<name>/{config.pbtxt, 1/model.py, 1/model.onnx}``; returns ``root``."""
+    """``root/<name>/{config.pbtxt, labels.txt, 1/model.py, 1/model.onnx}``; returns ``root``."""
     art = load_artifact(artifact_dir)
     version = root / name / "1"
     version.mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(model_config(name, art, **config))
+    if art.labels:  # Triton's classification extension names the classes from it
+        (root / name / LABELS_FILE).write_text("\n".join(art.labels) + "\n")
     shutil.copyfile(MODEL_FILE, version / "model.py")
     shutil.copyfile(artifact_dir / art.onnx_file, version / "model.onnx")
     return root

@@ -18,7 +18,10 @@ from pathlib import Path
 
 from irpe.artifact import ArtifactError, ModelArtifact, load_artifact
 
-MAX_QUEUE_DELAY_US = 2000
+# No added delay: Triton holds a request up to this long for a batch to fill even when an instance is idle (a
+# lone request at concurrency 1 ran 2.5x slower with 2000 us); with 0, batches still form from whatever queued
+# while the instances were busy.
+MAX_QUEUE_DELAY_US = 0
 
 
 def preferred_batch_sizes(max_batch: int) -> list[int]:

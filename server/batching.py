@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from .metrics import Metrics
 from .stats import ModelStats
 
 log = logging.getLogger("irpe.server")
+_REQUESTS = itertools.count(1)
 
 
 class QueueFullError(Exception):
@@ -82,6 +84,8 @@ class _Item:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
+    request: int = 0  # which submit (request) the image belongs to
+    first: bool = False  # the request's first image: Triton counts requests, not images
 
 
 def settle(future: asyncio.Future, value: object, error: BaseException | None) -> None:
@@ -92,6 +96,13 @@ def settle(future: asyncio.Future, value: object, error: BaseException | None) -
         future.set_exception(error)
     else:
         future.set_result(value)
+
+
+def _fail_reason(error: BaseException) -> str:
+    """Triton's failure reason for a request that ended with ``error``."""
+    if isinstance(error, (asyncio.CancelledError, asyncio.TimeoutError)):
+        return "CANCELED"
+    return "OTHER" if isinstance(error, BatcherStoppedError) else "BACKEND"
 
 
 def _expire(items: list[_Item]) -> None:
@@ -143,6 +154,12 @@ class Batcher:
         """Images waiting now."""
         return len(self._queue)
 
+    @property
+    def pending(self) -> int:
+        """Requests none of whose images has started (Triton's pending request count)."""
+        with self._cond:
+            return sum(1 for i in self._queue if i.first and not i.future.done())
+
     def alive(self) -> bool:
         """False when an inference thread died (an error outside the engine call) while not stopping."""
         return self._stopping or not any(t.ident is not None and not t.is_alive() for t in self._threads)
@@ -157,28 +174,31 @@ class Batcher:
         ``asyncio.TimeoutError`` after that many seconds (the images are then skipped, as on cancel)."""
         loop = asyncio.get_running_loop()
         submitted = time.perf_counter()
-        items = [_Item(x, loop.create_future(), loop) for x in images]
+        request = next(_REQUESTS)
+        items = [_Item(x, loop.create_future(), loop, request=request) for x in images]
+        items[0].first = True
         with self._cond:
             if self._stopping:
                 raise BatcherStoppedError("server is shutting down")
             if len(self._queue) + len(items) > self.max_queue:
+                self.stats.request(False, 0.0, "REJECTED")
                 raise QueueFullError(self._retry_after())
             self._queue.extend(items)
             self.metrics.queue_depth.set(len(self._queue))
             self._cond.notify()  # one free thread takes it; waking them all costs GIL hand-offs per request
-        ok = False
         timer = loop.call_later(timeout, _expire, items) if timeout is not None else None  # no wait_for task
+        reason = ""
         try:
             if len(items) == 1:  # the common case: no gathering future
-                results = [await items[0].future]
-            else:
-                results = list(await asyncio.gather(*(i.future for i in items)))
-            ok = True
-            return results
+                return [await items[0].future]
+            return list(await asyncio.gather(*(i.future for i in items)))
+        except BaseException as e:
+            reason = _fail_reason(e)
+            raise
         finally:
             if timer is not None:
                 timer.cancel()
-            self.stats.request(ok, time.perf_counter() - submitted)
+            self.stats.request(not reason, time.perf_counter() - submitted, reason)
             for i in items:
                 i.future.cancel()  # no-op when done; marks abandoned items so the thread skips them
 
@@ -256,7 +276,8 @@ class Batcher:
                 log.warning("dropped %d result(s): their event loop is closed", len(pairs))
         if error is None:
             done = time.perf_counter()
-            self.stats.batch(len(batch), [start - i.enqueued for i in batch],
+            firsts = [start - i.enqueued for i in batch if i.first]
+            self.stats.batch(len(batch), firsts, len({i.request for i in batch}),
                              (stacked - start, start + took - stacked, done - start - took))
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:

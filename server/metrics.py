@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -44,3 +46,47 @@ class MultiprocessMetrics(Metrics):
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
         return generate_latest(registry)
+
+
+_NV = (  # Triton's per-model families (labels model, version), their types and help texts
+    ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes"),
+    ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes"),
+    ("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)"),
+    ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)"),
+    ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds"),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds"),
+    ("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds"),
+    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds"),
+    ("nv_inference_compute_output_duration_us", "counter", "Cumulative inference compute output duration in "
+     "microseconds"),
+    ("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution "
+     "per-model."),
+)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _nv_samples(stats: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:
+    infer = stats["inference_stats"]
+    us = {k: infer[k]["ns"] // 1000 for k in ("queue", "compute_input", "compute_infer", "compute_output")}
+    return {"nv_inference_request_success": [("", infer["success"]["count"])],
+            "nv_inference_request_failure": [(f'reason="{r}",', n) for r, n in stats.get("fail_reasons", {}).items()],
+            "nv_inference_count": [("", stats["inference_count"])],
+            "nv_inference_exec_count": [("", stats["execution_count"])],
+            "nv_inference_request_duration_us": [("", (infer["success"]["ns"] + infer["fail"]["ns"]) // 1000)],
+            **{f"nv_inference_{k}_duration_us": [("", v)] for k, v in us.items()},
+            "nv_inference_pending_request_count": [("", stats["pending"])] if "pending" in stats else []}
+
+
+def triton_exposition(model_stats: list[dict[str, Any]]) -> bytes:
+    """Triton's ``nv_inference_*`` families in the text format, from Triton statistics entries (each with
+    ``fail_reasons``, and ``pending`` where the queue is in this process): the same numbers as
+    ``/v2/models/stats``, in Triton's metric units and labels."""
+    rows = [(f'model="{_label(s["name"])}",version="{_label(s["version"])}"', _nv_samples(s)) for s in model_stats]
+    lines = []
+    for name, kind, text in _NV:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        lines += [f"{name}{{{extra}{labels}}} {value}" for labels, samples in rows for extra, value in samples[name]]
+    return ("\n".join(lines) + "\n").encode()

@@ -1,9 +1,11 @@
 """Triton-style inference statistics, counted by the batcher (``GET /v2/models/{m}/stats``).
 
-Counters and nanosecond durations follow Triton's ``ModelStatistics``: per request ``success``/``fail``
-(submit to answer) and ``queue`` (enqueue to the start of its batch); per batch ``compute_input``
-(stacking the images), ``compute_infer`` (the engine) and ``compute_output`` (handing rows back),
-also broken down by batch size. Thread-safe: the inference threads and the event loop both write.
+Counters and nanosecond durations follow Triton's ``ModelStatistics``: per request (a 2-image request counts
+once, as in Triton) ``success``/``fail`` (submit to answer), ``queue`` (enqueue to the start of its batch),
+``compute_input`` (stacking the images), ``compute_infer`` (the engine) and ``compute_output`` (handing rows
+back), each request charged its batch's time; per execution the same phases by batch size; ``inference_count``
+counts images and ``execution_count`` engine calls. ``response_stats`` is empty, as Triton's for a model that
+is not decoupled. Thread-safe: the inference threads and the event loop both write.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from typing import Any
 
 _PHASES = ("compute_input", "compute_infer", "compute_output")
+FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")  # Triton's nv_inference_request_failure reasons
 
 
 def _duration(count: int = 0, ns: int = 0) -> dict[str, int]:
@@ -29,19 +32,24 @@ class ModelStats:
         self.inference_count = 0  # images
         self.execution_count = 0  # engine calls
         self.last_inference_ms = 0
+        self._reasons = dict.fromkeys(FAIL_REASONS, 0)
 
-    def request(self, ok: bool, seconds: float) -> None:
-        """One request answered (``ok``) or failed, ``seconds`` after it was submitted."""
+    def request(self, ok: bool, seconds: float, reason: str = "OTHER") -> None:
+        """One request answered (``ok``) or failed (Triton's ``reason``), ``seconds`` after it was submitted."""
         with self._lock:
             self._add(self._totals["success" if ok else "fail"], 1, seconds)
+            if not ok:
+                self._reasons[reason if reason in self._reasons else "OTHER"] += 1
 
-    def batch(self, size: int, queue_s: list[float], phases: tuple[float, float, float]) -> None:
-        """One engine call of ``size`` images: their queue waits, and the three phase durations."""
+    def batch(self, size: int, queue_s: list[float], requests: int, phases: tuple[float, float, float]) -> None:
+        """One engine call of ``size`` images from ``requests`` requests; ``queue_s``: the waits of the requests
+        that start in it; the three phase durations. As in Triton, a request counts once (in the batch that
+        starts it) and each request is charged the batch's time (a request split over batches: each of them)."""
         with self._lock:
             self._add(self._totals["queue"], len(queue_s), sum(queue_s))
             per = self._by_batch.setdefault(size, {k: [0, 0] for k in _PHASES})
             for name, seconds in zip(_PHASES, phases, strict=True):
-                self._add(self._totals[name], size, seconds * size)  # per image, each charged the batch time
+                self._add(self._totals[name], len(queue_s), seconds * requests)
                 self._add(per[name], 1, seconds)
             self.inference_count += size
             self.execution_count += 1
@@ -52,13 +60,17 @@ class ModelStats:
         slot[0] += count
         slot[1] += int(seconds * 1e9)
 
-    def to_triton(self, name: str, version: str = "1") -> dict[str, Any]:
-        """One entry of Triton's ``model_stats`` list."""
+    def to_triton(self, name: str, version: str = "1", reasons: bool = False) -> dict[str, Any]:
+        """One entry of Triton's ``model_stats`` list (``reasons``: plus ``fail_reasons``, failures by Triton's
+        metric reason, for ``nv_inference_request_failure``)."""
         with self._lock:
             infer = {k: _duration(*v) for k, v in self._totals.items()}
             infer["cache_hit"], infer["cache_miss"] = _duration(), _duration()
             batches = [{"batch_size": size, **{k: _duration(*v) for k, v in per.items()}}
                        for size, per in sorted(self._by_batch.items())]
-            return {"name": name, "version": version, "last_inference": self.last_inference_ms,
-                    "inference_count": self.inference_count, "execution_count": self.execution_count,
-                    "inference_stats": infer, "batch_stats": batches, "memory_usage": []}
+            out = {"name": name, "version": version, "last_inference": self.last_inference_ms,
+                   "inference_count": self.inference_count, "execution_count": self.execution_count,
+                   "inference_stats": infer, "response_stats": {}, "batch_stats": batches, "memory_usage": []}
+            if reasons:
+                out["fail_reasons"] = dict(self._reasons)
+            return out

@@ -88,10 +88,16 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-connections", type=int, help="open connections before 503 (default 256)")
     p.add_argument("--allowed-hosts", help="comma-separated Host names accepted ('*': any; default: loopback "
                    "names on a loopback bind without a key, else any)")
+    p.add_argument("--allow-client-shm", action="store_true", default=None,
+                   help="let clients register /dev/shm regions for tensors (Triton's system shared memory; "
+                   "default off: a client could name other programs' shared memory of this user)")
+    p.add_argument("--max-shm-regions", type=int, help="registered shared-memory regions at once (default 64)")
+    p.add_argument("--max-shm-region-mb", type=float, help="bytes one registered region may span (default 1024)")
 
 
 LIMIT_KEYS = ("insecure", "max_images", "max_decode_pixels", "max_jpeg_scans", "max_header_kb", "header_timeout_s",
-              "body_timeout_s", "max_connections", "allowed_hosts")
+              "body_timeout_s", "max_connections", "allowed_hosts", "allow_client_shm", "max_shm_regions",
+              "max_shm_region_mb")
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -70,8 +70,9 @@ class ModelVersion:
         return self.state == "READY"
 
     def entry(self) -> dict[str, str]:
-        """Its row of Triton's repository index."""
-        return {"name": self.name, "version": str(self.version), "state": self.state, "reason": self.reason}
+        """Its row of Triton's repository index (no ``reason`` when there is none, as Triton writes it)."""
+        row = {"name": self.name, "version": str(self.version), "state": self.state}
+        return {**row, "reason": self.reason} if self.reason else row
 
 
 @dataclass(frozen=True)

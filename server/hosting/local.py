@@ -132,19 +132,14 @@ class LocalHost(ModelHost):
     def control(self, name: str, load: bool) -> None:
         """``POST /v2/repository/models/{name}/load|unload`` (blocking: run it in a thread)."""
         mode = self.settings.model_control
-        known = name in self.dirs or name in self.records
-        if not known and not (load and mode == "explicit"):
-            raise APIError(404, "model_not_found", f"Request for unknown model: '{clip(name)}' is not in the model "
-                           f"repository (models: {sorted(self.dirs)})")
-        if mode != "explicit":
-            if load and self.newest(name) is not None:
-                return  # already loaded: a no-op, as before
-            what = "load" if load else "unload"
-            raise APIError(400, "unsupported", f"explicit model {what} is not allowed with --model-control "
-                           f"{mode}; restart with --model-control explicit")
+        if mode != "explicit":  # Triton's answer (and words) whenever the repository is not explicit
+            raise APIError(503, "unsupported", "explicit model load / unload is not allowed if polling is enabled "
+                           f"(--model-control {mode}; restart with --model-control explicit)")
         try:
             self.load(name) if load else self.unload(name)
         except KeyError:
+            if not load:
+                return  # unloading what is not there: nothing to do (Triton: 200)
             raise APIError(404, "model_not_found", f"failed to load '{clip(name)}': no such model in the repository "
                            f"(models: {sorted(self.dirs)})") from None
         except ArtifactError as e:

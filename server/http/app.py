@@ -25,7 +25,7 @@ from ..config import Settings
 from ..engines import EngineError
 from ..pipeline.service import Service, local_service
 from ..runtime import configure_logging
-from . import classify, infer_fast, kserve, routes
+from . import classify, infer_fast, kserve, routes, triton_ext
 from .errors import drop_default_validation_error, install_error_handlers
 from .middleware import ObserveMiddleware
 from .tracing import TraceMiddleware, otlp_tracer
@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     app.include_router(classify.router)
     app.include_router(routes.router)
     app.include_router(kserve.router)
+    app.include_router(triton_ext.router)
     tracer = otlp_tracer()
     app.add_middleware(ObserveMiddleware, service=service)
     app.add_middleware(TraceMiddleware, tracer=tracer)  # outermost: request id + trace on every answer

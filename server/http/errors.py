@@ -24,7 +24,8 @@ _STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404:
 
 _DESCRIPTIONS = {400: "Bad request: empty, truncated or corrupt image, bad multipart, bad or non-finite tensor",
                  401: "Missing or wrong API key (only when IRPE_API_KEY is set)",
-                 403: "Model control refused: from another site, or without the admin key where one is needed",
+                 403: "Model control refused (another site, or no admin key); client shared memory off "
+                      "(--allow-client-shm)",
                  404: "No such model (or route)",
                  413: "Body over --max-body-mb, image over --max-pixels, or too many files/images",
                  415: "Not an image, or an unsupported content type",

@@ -23,9 +23,11 @@ from fastapi.responses import JSONResponse, Response
 
 from irpe.artifact import ModelArtifact
 
+from ..errors import APIError
 from ..hosting.host import ModelVersion
 from ..pipeline import oip
 from ..pipeline.service import Service
+from ..pipeline.sysshm import SharedMemoryRegistry
 from . import control
 from . import kserve_codec as codec
 from .body import read_limited
@@ -41,13 +43,15 @@ def _request_id(request: Request) -> str:
 
 
 def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifact, limit: int,
-            max_images: int) -> tuple[dict[str, Any], np.ndarray]:
+            max_images: int, shm: SharedMemoryRegistry | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """Inflate, parse and validate (in the decode pool): every check before any inference."""
     body = codec.inflate(raw, encoding, limit)
     split = codec.header_length(header_len, len(body))
     req, spec = codec.parse_request(body[:split], art)
-    codec.requested_outputs(req, art)  # bad or repeated outputs are refused before inference
-    return req, codec.input_array(spec, body, split, max_images)
+    for out in codec.requested_outputs(req, art):  # bad or repeated outputs are refused before inference
+        if out.shm is not None and shm is not None:  # without a registry the output is refused at render
+            shm.check(*out.shm)
+    return req, codec.input_array(spec, body, split, max_images, shm)
 
 
 INLINE_BYTES = oip.INLINE_BYTES  # an uncompressed binary-tensor body up to this size is parsed on the event loop
@@ -83,11 +87,12 @@ async def _infer_on(request: Request, service: Service, mv: ModelVersion, starte
     raw = await read_limited(request, s.max_body_bytes)
     loop = asyncio.get_running_loop()
     encoding = request.headers.get("content-encoding", "")
-    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, oip.max_images(service))
+    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, oip.max_images(service),
+            service.shm)
     req, images = _decode(*args) if _inline(raw, encoding, args[2]) else \
         await loop.run_in_executor(service.pool, _decode, *args)
     logits = await oip.infer(service, mv, images, started)
-    render = (req, _request_id(request), logits, art, mv.name, str(mv.version))
+    render = (req, _request_id(request), logits, art, mv.name, str(mv.version), service.shm)
     body, json_len = codec.render(*render) if logits.size <= INLINE_VALUES else \
         await loop.run_in_executor(service.pool, codec.render, *render)
     headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}
@@ -163,8 +168,14 @@ async def get_model_config(request: Request, name: str, version: str | None = No
 @router.get("/models/{name}/versions/{version}/ready", responses={**_MODEL_ERRORS, **_READY_503})
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
     """Model readiness: 200 once that model (version) is loaded and warm; 503 while it loads or after a
-    failed load; 404 for a model the repository does not hold."""
-    ok = oip.model_ready(service_of(request), name, version)
+    failed load; 400 for a model (version) the repository does not hold, as Triton answers over HTTP."""
+    service = service_of(request)
+    try:
+        ok = oip.model_ready(service, name, version)
+    except APIError as e:
+        raise APIError(400, "not_found", f"Model version not ready: {e.message}") from None
+    if not ok and version and not (version.isdigit() and int(version) in service.host.records.get(name, {})):
+        raise APIError(400, "not_found", f"Model version not ready: '{name}' has no version {version}")
     return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
 

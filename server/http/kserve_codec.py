@@ -13,7 +13,7 @@ import gzip
 import json
 import math
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from irpe.artifact import ModelArtifact
 
 from ..pipeline import oip
 from ..pipeline.oip import DATATYPE, ProtocolError
+from ..pipeline.sysshm import SharedMemoryRegistry
 
 __all__ = ["DATATYPE", "ProtocolError"]
 MAX_INT_DIGITS = 20  # any count or size that fits an int64; longer integers are refused before int()
@@ -91,12 +92,19 @@ def parse_request(header: bytes, art: ModelArtifact) -> tuple[dict[str, Any], di
     return req, spec
 
 
-def input_array(spec: dict[str, Any], body: bytes, offset: int, max_images: int) -> np.ndarray:
-    """The ``images`` tensor from JSON ``data`` or binary data after the header; finite FP32 only, at most
-    ``max_images`` (413; checked once the data matches the shape, so a wrong shape stays a 400)."""
+def input_array(spec: dict[str, Any], body: bytes, offset: int, max_images: int,
+                shm: SharedMemoryRegistry | None = None) -> np.ndarray:
+    """The ``images`` tensor from JSON ``data``, binary data after the header or a client shared-memory region;
+    finite FP32 only, at most ``max_images`` (the config's ``max_batch_size``: Triton's 400)."""
     shape = spec["shape"]
     want_bytes = math.prod(shape) * _ITEM  # Python ints: no int64 wrap-around for a 20-digit N
     params = _parameters(spec, "input")
+    ref = oip.shm_ref(params, "input")
+    if ref is not None:
+        if "data" in spec or "binary_data_size" in params:
+            raise ProtocolError(f"input {spec['name']!r} must set only one of 'data', 'binary_data_size' and "
+                                "'shared_memory_region'")
+        return oip.check_images(oip.shm_input(_registry(shm), ref, spec["name"], shape), max_images)
     if "binary_data_size" in params:
         size = oip.count(params["binary_data_size"], "binary_data_size")
         if size != want_bytes or offset + size > len(body):
@@ -122,30 +130,51 @@ def _json_data(data: object, shape: list[int], count: int) -> np.ndarray:
         return arr.astype(np.float32).reshape(shape)
 
 
-def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[tuple[int, bool]]:
-    """(classification k, binary) per requested output: at most one entry per model output (H1)."""
+def _registry(shm: SharedMemoryRegistry | None) -> SharedMemoryRegistry:
+    if shm is None:
+        raise ProtocolError("this endpoint takes no shared memory")
+    return shm
+
+
+class Output(NamedTuple):
+    """One requested output: classification ``k`` (0: the logits), binary or JSON, or a shared-memory region."""
+
+    k: int
+    binary: bool
+    shm: oip.ShmRef | None = None
+
+
+def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[Output]:
+    """One :class:`Output` per requested output: at most one entry per model output (H1)."""
     default_binary = _flag(_parameters(req, "request"), "binary_data_output", "request")
     wanted = req.get("outputs")
     if wanted is None or wanted == []:  # none listed: every model output, with the request's default
-        return [(0, default_binary)]
+        return [Output(0, default_binary)]
     if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
         raise ProtocolError(f'outputs must be a list of objects like {{"name": "{art.output_name}"}}')
     out = []
     for o in wanted:
         params = _parameters(o, "output")
         k = oip.classification(o.get("name"), params, art, len(wanted))
-        out.append((k, _flag(params, "binary_data", "output", default_binary)))
+        ref = oip.shm_ref(params, "output")
+        if ref is not None and k:
+            raise ProtocolError("an output can't set both 'shared_memory_region' and 'classification'")
+        out.append(Output(k, _flag(params, "binary_data", "output", default_binary), ref))
     return out
 
 
 def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelArtifact, name: str = "",
-           version: str = "1") -> tuple[bytes, int | None]:
+           version: str = "1", shm: SharedMemoryRegistry | None = None) -> tuple[bytes, int | None]:
     """The response body, and the JSON header length when binary outputs follow it (``name``/``version``:
     the model version that computed it; default: model.json's name, version 1)."""
     head: dict[str, Any] = {"model_name": name or art.name, "model_version": version, "id": req.get("id") or request_id,
                             "outputs": []}
     blobs = []
-    for k, binary in requested_outputs(req, art):
+    for k, binary, ref in requested_outputs(req, art):
+        if ref is not None:  # written to the client's region; the answer names it without data
+            oip.shm_output(_registry(shm), ref, art.output_name, logits)
+            head["outputs"].append({"name": art.output_name, "datatype": DATATYPE, "shape": list(logits.shape)})
+            continue
         if k:
             out: dict[str, Any] = {"name": art.output_name, "datatype": "BYTES", "shape": [len(logits), k]}
             strings = oip.classes(logits, k, art.labels)

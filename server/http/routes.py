@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from pydantic import BaseModel
 
 from ..errors import APIError
 from ..hosting.host import ModelVersion
+from ..metrics import triton_exposition
+from ..pipeline import oip
 from ..pipeline.service import Service
 from .errors import error_responses
 from .middleware import authorized
@@ -100,7 +103,8 @@ async def metrics(request: Request) -> Response:
 
     service = service_of(request)
     service.metrics.queue_depth.set(service.host.observe())
-    return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    stats = await asyncio.to_thread(oip.metric_stats, service)
+    return Response(service.metrics.render() + triton_exposition(stats), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/", include_in_schema=False)

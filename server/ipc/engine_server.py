@@ -144,7 +144,7 @@ class EngineServer:
             batcher = self.service.host.lookup(head.get("model"), head.get("version")).batcher
         except APIError:
             batcher = None
-        return batcher.stats.to_triton("") if batcher else None
+        return batcher.stats.to_triton("", reasons=True) if batcher else None
 
     async def _control(self, head: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         """A front end's repository load/unload: run it here (every front end is told through the host's

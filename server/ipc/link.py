@@ -236,14 +236,17 @@ class RemoteStats(ModelStats):
         super().__init__()
         self.link, self.route = link, route
 
-    def to_triton(self, name: str, version: str = "1") -> dict[str, Any]:
+    def to_triton(self, name: str, version: str = "1", reasons: bool = False) -> dict[str, Any]:
         try:
             reply = self.link.request({"op": wire.STATS, **self.route}, timeout=STATS_TIMEOUT_S)
         except OSError:
             reply = {}
         if reply.get("stats"):
-            return {**reply["stats"], "name": name, "version": version}
-        return super().to_triton(name, version)
+            out = {**reply["stats"], "name": name, "version": version}
+            if not reasons:
+                out.pop("fail_reasons", None)
+            return out
+        return super().to_triton(name, version, reasons)
 
 
 class RemoteBatcher:

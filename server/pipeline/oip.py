@@ -24,9 +24,14 @@ from .sysshm import SharedMemoryRegistry
 
 DATATYPE = "FP32"
 SERVER_NAME = "irpe-deploy"
-EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "model_repository", "statistics",
-              "parameters"]
+EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+              "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+              "statistics", "trace", "logging"]  # Triton's, in its order, less "sequence" (no sequence batching)
 INLINE_BYTES = 2 << 20  # tensor bytes up to this size are checked on the event loop (cheaper than a pool hop)
+LABELS_FILE = "labels.txt"  # what irpe export --format triton writes beside config.pbtxt
+OPTIMIZATION = {"priority": "PRIORITY_DEFAULT", "input_pinned_memory": {"enable": True},
+                "output_pinned_memory": {"enable": True}, "gather_kernel_buffer_threshold": 0,
+                "eager_batching": False}
 _CODES = {400: "invalid_input", 413: "payload_too_large", 415: "unsupported_media_type"}
 
 
@@ -65,44 +70,72 @@ def model_metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
             "outputs": [{"name": art.output_name, "datatype": DATATYPE, "shape": [-1, art.num_classes]}]}
 
 
+def _io(mv: ModelVersion) -> dict[str, Any]:
+    art = mv.art
+    assert art is not None
+    crop = art.preprocess.crop
+    return {"input": [{"name": art.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
+                       "dims": [3, crop, crop], "is_shape_tensor": False, "allow_ragged_batch": False,
+                       "optional": False, "is_non_linear_format_io": False}],
+            "output": [{"name": art.output_name, "data_type": "TYPE_FP32", "dims": [art.num_classes],
+                        "label_filename": LABELS_FILE if art.labels else "", "is_shape_tensor": False,
+                        "is_non_linear_format_io": False}]}
+
+
 def model_config(service: Service, mv: ModelVersion) -> dict[str, Any]:
-    """Triton's JSON form of config.pbtxt, from model.json and what is running: ``max_batch_size`` is the
-    most images one request may carry; the engine's batch sizes are the preferred batch sizes."""
+    """Triton's JSON form of config.pbtxt, saying what this server does: ``max_batch_size`` the enforced
+    per-request limit; ``preferred_batch_size`` the engine's batch sizes, the only ones the batcher runs (the
+    largest the queue fills); ``max_queue_delay_microseconds`` 0, as a request never waits for a batch while an
+    inference thread is idle (with several threads, one that finds a part batch while another batch runs waits up
+    to ``--max-wait-ms``: ``parameters.busy_fill_wait_us``); one ``<model>_0`` group of the inference threads."""
     art = mv.art
     assert art is not None
     s, info = service.settings, mv.info
     name, backend = platform(mv)
     gpu = bool(info and info.device == "cuda")
-    policy = service.host.policy_config(mv.name)
     return {
         "name": mv.name, "platform": name, "backend": backend, "runtime": "",
-        "version_policy": policy, "max_batch_size": mv.batcher.max_queue if mv.batcher else s.max_queue,
-        "input": [{"name": art.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
-                   "dims": [3, art.preprocess.crop, art.preprocess.crop], "is_shape_tensor": False,
-                   "allow_ragged_batch": False, "optional": False, "is_non_linear_format_io": False}],
-        "output": [{"name": art.output_name, "data_type": "TYPE_FP32", "dims": [art.num_classes],
-                    "label_filename": "", "is_shape_tensor": False, "is_non_linear_format_io": False}],
-        "batch_input": [], "batch_output": [],
-        "dynamic_batching": {"preferred_batch_size": info.batch_sizes if info else [],
-                             "max_queue_delay_microseconds": int(s.max_wait_ms * 1000), "preserve_ordering": False,
+        "version_policy": service.host.policy_config(mv.name), "max_batch_size": max_images(service),
+        **_io(mv), "batch_input": [], "batch_output": [], "optimization": dict(OPTIMIZATION),
+        "dynamic_batching": {"preferred_batch_size": list(info.batch_sizes) if info else [],
+                             "max_queue_delay_microseconds": 0, "preserve_ordering": False,
                              "priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {}},
-        "instance_group": [{"name": mv.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",
+        "instance_group": [{"name": f"{mv.name}_0", "kind": "KIND_GPU" if gpu else "KIND_CPU",
                             "count": s.resolved_inference_threads(), "gpus": [0] if gpu else [],
                             "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
         "default_model_filename": "model.plan" if backend == "tensorrt" else art.onnx_file,
-        "cc_model_filenames": {}, "metric_tags": {}, "parameters": {}, "model_warmup": []}
+        "cc_model_filenames": {}, "metric_tags": {},
+        "parameters": {"busy_fill_wait_us": {"string_value": str(int(s.max_wait_ms * 1000))}},
+        "model_warmup": []}
 
 
 def statistics(service: Service, name: str | None = None, version: str | None = None) -> dict[str, Any]:
     """Triton's statistics extension: every model's versions, one model's, or one version's (blocking with
     ``--frontends``, where the engine process counts: call it in a thread)."""
     if name:
-        mine = [service.model(name, version)] if version else \
-            [mv for mv in service.host.versions() if mv.name == service.model(name).name]
+        try:
+            mine = [service.model(name, version)] if version else \
+                [mv for mv in service.host.versions() if mv.name == service.model(name).name]
+        except APIError as e:
+            if e.status != 404:
+                raise
+            raise APIError(400, "not_found", f"requested model '{name}' is not available ({e.message})") from None
     else:
         mine = service.host.versions()
     return {"model_stats": [mv.batcher.stats.to_triton(mv.name, str(mv.version)) for mv in mine
                             if mv.batcher is not None]}
+
+
+def metric_stats(service: Service) -> list[dict[str, Any]]:
+    """Every served version's statistics with ``fail_reasons`` (and ``pending`` where the queue is in this
+    process), for Triton's ``nv_inference_*`` metrics (blocking with ``--frontends``: call it in a thread)."""
+    out = []
+    for mv in service.host.versions():
+        if mv.batcher is not None:
+            stats = mv.batcher.stats.to_triton(mv.name, str(mv.version), reasons=True)
+            pending = getattr(mv.batcher, "pending", None)
+            out.append(stats if pending is None else {**stats, "pending": pending})
+    return out
 
 
 def model_ready(service: Service, name: str, version: str | None = None) -> bool:
@@ -121,8 +154,10 @@ def repository_index(service: Service, ready_only: bool = False) -> list[dict[st
 
 
 def max_images(service: Service) -> int:
-    """The most images one inference request may carry (the model config's ``max_batch_size``)."""
-    return service.settings.max_queue
+    """The most images one inference request may carry: the model config's ``max_batch_size``, enforced by
+    :func:`check_images` (``--max-images``, at most ``--max-queue``)."""
+    s = service.settings
+    return min(s.max_images, s.max_queue)
 
 
 def count(value: object, what: str) -> int:
@@ -149,10 +184,10 @@ def check_input(name: object, datatype: object, shape: object, art: ModelArtifac
 
 
 def check_images(images: np.ndarray, max_images: int) -> np.ndarray:
-    """At most ``max_images`` images (413), finite values only (400)."""
+    """At most ``max_images`` images (:func:`max_images`: Triton's 400), finite values only (400)."""
     if len(images) > max_images:
-        raise ProtocolError(f"{len(images)} images in one request; the limit is {max_images} (the model "
-                            "config's max_batch_size, --max-queue)", 413)
+        raise ProtocolError(f"inference request batch-size must be <= {max_images}, got {len(images)} (the model "
+                            "config's max_batch_size, --max-images)")
     if not np.isfinite(images).all():
         raise ProtocolError(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or "
                             "+-Inf, or beyond the FP32 range); this server accepts finite numbers only")

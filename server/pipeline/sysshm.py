@@ -77,14 +77,15 @@ class SharedMemoryRegistry:
         self._regions: dict[str, Region] = {}
         self._lock = threading.Lock()
 
-    def _require_enabled(self) -> None:
+    def require_enabled(self) -> None:
+        """403 naming the flag unless client shared memory is on."""
         if not self.enabled:
             raise _bad("client shared memory is off on this server; start irpe serve with --allow-client-shm "
                        "(IRPE_ALLOW_CLIENT_SHM=1) to register regions", 403)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Register ``byte_size`` bytes of ``/dev/shm/<key>`` from ``offset`` as region ``name``."""
-        self._require_enabled()
+        self.require_enabled()
         _check_name(name)
         base = _check_key(key)
         for what, v in (("offset", offset), ("byte_size", byte_size)):
@@ -146,6 +147,11 @@ class SharedMemoryRegistry:
         if region is None:
             raise _bad(f"Unable to find system shared memory region: {name!r}", 404)
         return region
+
+    def check(self, name: str, offset: int, size: int) -> None:
+        """404 for an unknown region, 400 when ``[offset, offset + size)`` leaves it (before any work)."""
+        with self._lock:
+            self._get(name).span(offset, size)
 
     def read(self, name: str, offset: int, size: int) -> bytearray:
         """A copy of ``size`` bytes at ``offset`` in region ``name`` (400 outside the region)."""

@@ -69,7 +69,8 @@ def test_onnx_model_config(artifact_dir):
     assert (inp.name, inp.data_type, list(inp.dims)) == ("images", 11, [3, 8, 8])  # 11 = TYPE_FP32
     assert (out.name, list(out.dims), out.label_filename) == ("logits", [4], "labels.txt")
     assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8, 16, 32]
-    assert cfg.dynamic_batching.max_queue_delay_microseconds > 0
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 0  # a lone request is not held for a batch
+    assert "max_queue_delay_microseconds: 0" in (model / "config.pbtxt").read_text()
     assert cfg.instance_group[0].count == 1
     assert (model / "labels.txt").read_text().split() == LABELS
     assert (model / "1" / "model.onnx").read_bytes() == (artifact_dir / "model.onnx").read_bytes()

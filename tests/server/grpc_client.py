@@ -40,6 +40,7 @@ def _headers(key: str) -> dict[str, str] | None:
 
 def triton(address: str, key: str) -> dict[str, Any]:
     import tritonclient.grpc as g
+    from tritonclient.utils import InferenceServerException
 
     h = _headers(key)
     c = g.InferenceServerClient(address)
@@ -56,7 +57,11 @@ def triton(address: str, key: str) -> dict[str, Any]:
     out["typed"] = _typed_contents(address, key)
     out["stats"] = c.get_inference_statistics(MODEL, headers=h, as_json=True)["model_stats"]
     out["index"] = c.get_model_repository_index(headers=h, as_json=True)["models"]
-    c.load_model(MODEL, headers=h)  # already loaded: a no-op, as over HTTP
+    try:  # not --model-control explicit: Triton's UNAVAILABLE, as over HTTP (503)
+        c.load_model(MODEL, headers=h)
+        out["load"] = "OK"
+    except InferenceServerException as e:
+        out["load"] = e.status()
     out["loaded_again"] = c.is_model_ready(MODEL, headers=h)
     c.close()
     return out

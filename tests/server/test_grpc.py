@@ -62,6 +62,7 @@ def _close(got: list, x: np.ndarray) -> bool:
 def test_tritonclient_sync_every_unary_rpc(server: ServerProcess) -> None:
     out = run_client("triton", grpc_address(server))
     assert out["live"] and out["ready"] and out["model_ready"] and out["loaded_again"]
+    assert out["load"] == "StatusCode.UNAVAILABLE"  # not --model-control explicit: Triton's answer
     assert out["server"]["name"] == "irpe-deploy"
     assert {"classification", "model_configuration", "model_repository", "statistics"} <= set(
         out["server"]["extensions"])
@@ -70,7 +71,9 @@ def test_tritonclient_sync_every_unary_rpc(server: ServerProcess) -> None:
     assert out["metadata"]["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": ["-1", "10"]}]
     config = out["config"]
     assert config["max_batch_size"] == MAX_QUEUE and config["input"][0]["dims"] == ["3", "32", "32"]
-    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"  # uint64: a JSON string
+    # no delay for a lone request (issue 30); a uint64 0 is left out of the JSON form
+    assert config["dynamic_batching"].get("max_queue_delay_microseconds", "0") == "0"
+    assert config["instance_group"][0]["name"] == "tiny-mean_0" and config["output"][0]["label_filename"]
     assert _close(out["logits"], images(3, 1)) and out["id"] == "r-1"
     assert _close(out["typed"], images(2, 3))
     want = expected_logits(images(2, 2))

@@ -72,10 +72,13 @@ def test_health_metadata_config_and_repository(client: triton.InferenceServerCli
     assert config["max_batch_size"] == MAX_QUEUE and config["platform"] == "onnxruntime_onnx"
     assert config["input"][0]["dims"] == [3, 32, 32] and config["input"][0]["data_type"] == "TYPE_FP32"
     assert config["output"][0]["dims"] == [10]
-    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 0  # a lone request never waits
+    assert config["parameters"]["busy_fill_wait_us"] == {"string_value": "2000"}
+    assert config["instance_group"][0]["name"] == f"{MODEL}_0" and config["optimization"]["priority"]
+    assert config["output"][0]["label_filename"] == "labels.txt"
     assert config["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4]
-    assert client.get_model_repository_index() == [{"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
-    client.load_model(MODEL)  # already loaded: a no-op
+    assert client.get_model_repository_index() == [{"name": MODEL, "version": "1", "state": "READY"}]
+    _error(lambda: client.load_model(MODEL), 503, "not allowed if polling is enabled")  # Triton's answer
 
 
 @pytest.mark.parametrize("binary", [True, False])
@@ -124,7 +127,8 @@ def test_statistics_come_from_the_batcher(client: triton.InferenceServerClient) 
     infer = stats["inference_stats"]
     assert infer["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
     assert infer["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]
-    assert infer["queue"]["count"] == stats["inference_count"]
+    assert infer["queue"]["count"] == infer["success"]["count"]  # per request, as Triton counts
+    assert stats["inference_count"] == before["inference_count"] + 2 and stats["response_stats"] == {}
     assert sum(b["compute_infer"]["count"] for b in stats["batch_stats"]) == stats["execution_count"]
 
 
@@ -133,12 +137,12 @@ def test_every_error_is_printable_with_its_status(client: triton.InferenceServer
     _error(lambda: client.get_model_metadata("nope"), 404, "unknown model", "nope")
     _error(lambda: client.get_model_metadata(MODEL, "2"), 404, "version 2")
     _error(lambda: client.get_model_config("nope"), 404, "nope")
-    _error(lambda: client.get_inference_statistics("nope"), 404, "nope")
+    _error(lambda: client.get_inference_statistics("nope"), 400, "nope")
     assert not client.is_model_ready("nope")
     _error(lambda: client.infer("nope", [_input(x)]), 404, "nope")
-    _error(lambda: client.load_model("nope"), 404, "nope")
-    _error(lambda: client.unload_model(MODEL), 400, "unload is not allowed")
-    _error(lambda: client.get_trace_settings(), 404, "no such route")
+    _error(lambda: client.load_model("nope"), 503, "not allowed")
+    _error(lambda: client.unload_model(MODEL), 503, "unload is not allowed")
+    assert client.get_trace_settings()["trace_level"] == ["OFF"]
     for datatype in ("FP16", "FP64", "INT64"):
         data = x.astype({"FP16": np.float16, "FP64": np.float64, "INT64": np.int64}[datatype])
         _error(lambda d=data, t=datatype: client.infer(MODEL, [_input(d, datatype=t)]), 400, datatype, "expects 'FP32'")
@@ -149,7 +153,7 @@ def test_every_error_is_printable_with_its_status(client: triton.InferenceServer
     _error(lambda: client.infer(MODEL, [_input(x)], outputs=[triton.InferRequestedOutput("probs")]), 400, "probs")
     twice = [triton.InferRequestedOutput("logits", class_count=3)] * 2
     _error(lambda: client.infer(MODEL, [_input(x)], outputs=twice), 400, "requested once")
-    _error(lambda: client.infer(MODEL, [_input(_images(MAX_QUEUE + 1))]), 413, "limit is 8")
+    _error(lambda: client.infer(MODEL, [_input(_images(MAX_QUEUE + 1))]), 400, "batch-size must be <= 8")
     _error(lambda: client.infer(MODEL, [_input(np.zeros((100, 3, 32, 32), np.float32))]), 413, "1048576")
     bomb = np.zeros((100, 3, 32, 32), np.float32)  # 1.2 MB inflated from ~1 KB of gzip: over the 1 MB limit
     _error(lambda: client.infer(MODEL, [_input(bomb)], request_compression_algorithm="gzip"), 413, "inflates")
