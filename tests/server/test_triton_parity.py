@@ -5,11 +5,14 @@ differences listed in ``DELIBERATE`` (also in docs/serving.md, "Differences from
 runs the model through its Python backend: the wheel carries no ONNX Runtime backend). Each listed difference is
 asserted too, so the list cannot go stale.
 
-gRPC is not compared here (the gRPC front end is another piece of issue 30)."""
+``test_grpc`` sends the same RPCs to both over gRPC (in a child process: tests/server/grpc_parity_client.py)."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,7 +70,8 @@ def triton(artifact: Path) -> Iterator[TritonServer]:
 @pytest.fixture(scope="module")
 def irpe(artifact: Path) -> Iterator[ServerProcess]:
     with serving(artifact, "--max-images", str(MAX_BATCH), "--inference-threads", "1", "--threads", "1",
-                 "--allow-client-shm", "--max-wait-ms", "2", "--frontends", "0", "--log-level", "info") as proc:
+                 "--allow-client-shm", "--max-wait-ms", "2", "--frontends", "0", "--log-level", "info",
+                 "--grpc-port", "0") as proc:
         yield proc
 
 
@@ -321,3 +325,48 @@ def test_metrics(both: tuple[httpx.Client, httpx.Client], triton: TritonServer) 
     t, i = traffic(3)  # split batches: 3 images are not one of the engine's sizes [1, 2, 4]
     key = ("nv_inference_exec_count", f"model={MODEL},version=1")
     assert (t[key], i[key]) == (1, 2)
+
+
+GRPC_LINE = re.compile(r"gRPC listening on (\S+:\d+)")
+DELIBERATE_GRPC = {
+    "unimplemented": "CudaSharedMemoryStatus, LogSettings and TraceSetting are UNIMPLEMENTED over gRPC",
+}
+
+
+def _grpc_answers(address: str) -> dict[str, list[Any]]:
+    key = f"/i30p_{uuid.uuid4().hex[:12]}"
+    out = subprocess.run([sys.executable, "-m", "tests.server.grpc_parity_client", address, MODEL, key],
+                         cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_grpc(triton: TritonServer, irpe: ServerProcess) -> None:
+    """The same RPCs through the raw gRPC stub (tests/server/grpc_parity_client.py): the same status codes and
+    answers but for the deliberate differences (as over HTTP, and DELIBERATE_GRPC)."""
+    m = GRPC_LINE.search(irpe.output())
+    assert m, irpe.output()[-2000:]
+    t, i = _grpc_answers(triton.grpc_url), _grpc_answers(m.group(1))
+    unimplemented = {"cuda_shm_status", "log_settings", "trace_setting"}
+    for probe in t:
+        want = ("OK", "UNIMPLEMENTED") if probe in unimplemented else (t[probe][0], t[probe][0])
+        assert (t[probe][0], i[probe][0]) == want, f"{probe}: Triton {t[probe]} vs irpe {i[probe]}"
+    same = {p for p in t if t[p][0] == "OK" and p not in unimplemented} - {
+        "server_metadata", "model_metadata", "config", "infer", "shm_infer", "shm_status"}
+    for probe in same:
+        assert t[probe][1] == i[probe][1], probe
+    ts, irs = t["server_metadata"][1], i["server_metadata"][1]
+    assert irs["extensions"] == [e for e in ts["extensions"] if e != "sequence"]  # identity, no sequence
+    assert {**t["model_metadata"][1], "platform": ""} == {**i["model_metadata"][1], "platform": ""}  # harness
+    tc, ic = t["config"][1]["config"], i["config"][1]["config"]
+    differ = {k for k in set(tc) | set(ic) if tc.get(k) != ic.get(k)}  # proto JSON leaves defaults out
+    assert differ <= HARNESS | {"dynamic_batching"}, differ
+    assert tc["dynamic_batching"]["preferred_batch_size"] != ic["dynamic_batching"]["preferred_batch_size"]
+    for probe in ("infer", "shm_infer"):
+        ta, ia = t[probe][1], i[probe][1]
+        assert set(ia) - set(ta) == {"id"}  # request id
+        assert ta["outputs"] == ia["outputs"]
+        np.testing.assert_allclose(ia["raw_output_contents"], ta["raw_output_contents"], rtol=1e-5, atol=1e-5)
+    assert t["shm_status"][1]["regions"].keys() == i["shm_status"][1]["regions"].keys() == {"io"}
+    assert {k: v for k, v in t["shm_status"][1]["regions"]["io"].items() if k != "key"} == \
+        {k: v for k, v in i["shm_status"][1]["regions"]["io"].items() if k != "key"}
