@@ -1,17 +1,97 @@
 #!/usr/bin/env bash
-# Set up .venv from nothing (if needed), lint, and run the test suite (GPU tests skip with a reason).
-# IRPE_CI=1 (the default here): the C resize extension must build, and any skip other than no GPU / no TensorRT
-# fails the run (tests/conftest.py lists the allowed reasons). IRPE_CI=0 ./scripts/test.sh tolerates skips.
-# With no arguments the torch training tests run in a pytest process of their own: run after the server suite
-# in one process (hundreds of in-process servers, ONNX Runtime and OpenVINO thread pools), the process has
-# crashed in them (SIGSEGV, not reproduced in isolation; see docs/testing.md).
+# README's test command (.ci/run runs it and nothing else). From nothing, on a fresh Debian machine (root, Debian
+# packages reachable), it sets up what the suite needs, then lints and runs it. Every set-up step is idempotent,
+# quick when already done, and prints its time:
+#   venv                  .venv with the export,train,plugins,dev,cpu extras   scripts/setup-venv.sh
+#   browser               Debian's chromium (tests/reliability/test_browser.py) scripts/install-browser.sh
+#   container engine      podman + runc + containers.conf, or a running docker  scripts/container-setup.sh
+#   container base image  the Python base of the serving image (tests/deploy)   scripts/container-base.sh
+# then ruff and `pytest -m "not slow"`; without arguments tests/training runs in a pytest process of its own (run
+# after the server suite in one process it has crashed: docs/testing.md). Arguments go to one pytest process.
+#
+# IRPE_CI=1 (the default): the C resize extension must build; a set-up step that cannot be done stops the run
+# with one line (what is missing, how to install it, how to run without those tests); any skip other than no
+# GPU / no TensorRT fails the run (tests/conftest.py).
+# IRPE_TEST_WITHOUT=browser,container: leave those steps out on purpose; the skip gate then accepts the skips of
+# those tests only, and lists each one as "opted out". IRPE_CI=0: a failed step is reported, skips are tolerated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export IRPE_CI="${IRPE_CI:-1}"
-scripts/setup-venv.sh export,train,plugins,dev,cpu
-.venv/bin/ruff check .
+export IRPE_TEST_WITHOUT="${IRPE_TEST_WITHOUT:-}"
+groups=(browser container)
+
+note() { echo "test.sh: $*" >&2; }
+usec() { local t="${EPOCHREALTIME//[!0-9]/}"; echo "${t:-$((SECONDS * 1000000))}"; }
+since() { local d=$(( $(usec) - $1 )); printf '%d.%01ds' $((d / 1000000)) $((d % 1000000 / 100000)); }
+strict() { [ "$IRPE_CI" != 0 ]; }
+without() { [[ ",$IRPE_TEST_WITHOUT," == *",$1,"* ]]; }
+
+for g in ${IRPE_TEST_WITHOUT//,/ }; do
+  [[ " ${groups[*]} " == *" $g "* ]] || { note "IRPE_TEST_WITHOUT: unknown '$g' (known: ${groups[*]})"; exit 2; }
+done
+
+# step NAME GROUP CMD...: run a set-up step and print its time. GROUP is the IRPE_TEST_WITHOUT name of the tests
+# that need it ("" = all: its failure stops the run at once). Any other failed step stops the run after the
+# set-up (IRPE_CI=1), so one run names everything missing; with IRPE_CI=0 the run goes on and those tests skip.
+# Returns non-zero when the step was left out or failed.
+setup_failed=()
+step() {
+  local name=$1 group=$2 t0 rc=0
+  shift 2
+  if [ -n "$group" ] && without "$group"; then
+    note "$name: left out on purpose (IRPE_TEST_WITHOUT=$IRPE_TEST_WITHOUT); the $group tests skip, listed as opted out"
+    return 1
+  fi
+  t0=$(usec)
+  "$@" || rc=$?
+  if [ "$rc" = 0 ]; then
+    note "$name $(since "$t0")"
+    return 0
+  fi
+  note "$name FAILED after $(since "$t0") (exit $rc)"
+  [ -n "$group" ] || exit 1
+  setup_failed+=("$name")
+  strict || note "IRPE_CI=0: going on; the $group tests will skip"
+  return 1
+}
+
+base_image() {
+  local image
+  image="$(scripts/container-base.sh)" || return
+  note "container base image: $image"
+}
+
+start=$(usec)
+step venv "" scripts/setup-venv.sh export,train,plugins,dev,cpu
+step browser browser scripts/install-browser.sh || true
+if step "container engine" container scripts/container-setup.sh; then
+  step "container base image" container base_image || true
+fi
+note "set-up $(since "$start")"
+if [ "${#setup_failed[@]}" -gt 0 ] && strict; then
+  note "stopping: set-up failed ($(IFS=,; echo "${setup_failed[*]}")); the lines above say what is missing," \
+    "how to install it and how to opt out"
+  exit 1
+fi
+step ruff "" .venv/bin/ruff check -q .
+
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -m "not slow" "$@"
 fi
-.venv/bin/python -m pytest -m "not slow" --ignore=tests/training
-.venv/bin/python -m pytest -m "not slow" tests/training
+# run PART PYTEST-ARGS...: one pytest process, timed; pytest's exit 5 (no tests collected) is a failure too.
+failed=()
+run() {
+  local part=$1 t0 rc=0
+  shift
+  t0=$(usec)
+  .venv/bin/python -m pytest -m "not slow" "$@" || rc=$?
+  note "pytest $part: exit $rc after $(since "$t0")"
+  [ "$rc" = 0 ] || failed+=("$part (exit $rc)")
+}
+run "all but tests/training" --ignore=tests/training
+run tests/training tests/training
+if [ "${#failed[@]}" -gt 0 ]; then
+  note "FAILED: ${failed[*]}; total $(since "$start")"
+  exit 1
+fi
+note "passed; total $(since "$start")"

@@ -1,4 +1,5 @@
-"""The CI skip gate (tests/conftest.py): only no-GPU / no-TensorRT skips pass when IRPE_CI=1."""
+"""The CI skip gate (tests/conftest.py): only no-GPU / no-TensorRT skips pass when IRPE_CI=1, and the skips of
+the groups opted out on purpose with IRPE_TEST_WITHOUT."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def test_trt():
 '''
 
 
-def _run(tmp_path: Path, body: str, ci: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, body: str, ci: str, without: str = "") -> subprocess.CompletedProcess:
     shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_sample.py").write_text(body)
-    env = {**os.environ, "IRPE_CI": ci}
+    env = {**os.environ, "IRPE_CI": ci, "IRPE_TEST_WITHOUT": without}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
                            str(tmp_path), str(tmp_path)], capture_output=True, text=True, env=env, timeout=120,
                           cwd=tmp_path)
@@ -63,3 +64,43 @@ def test_any_other_skip_fails_the_run_and_is_named(tmp_path):
     assert "1 skip(s) not allowed in CI" in out.stdout
     relaxed = _run(tmp_path, body, ci="0")
     assert relaxed.returncode == 0 and "skip gate (off" in relaxed.stdout
+
+
+OPTED = SAMPLE + '''
+@pytest.mark.browser
+def test_page():
+    pytest.skip("no chromium at /usr/bin/chromium")
+
+@pytest.mark.container
+def test_image():
+    pytest.skip("no container engine")
+'''
+
+
+def test_opting_out_accepts_the_skips_of_those_groups_and_names_them(tmp_path):
+    out = _run(tmp_path, OPTED, ci="1", without="browser,container")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "opted out   test_sample.py::test_page: no chromium" in out.stdout
+    assert "opted out   test_sample.py::test_image: no container engine" in out.stdout
+    assert "opted out on purpose: IRPE_TEST_WITHOUT=browser,container" in out.stdout
+
+
+def test_opting_out_of_one_group_leaves_the_other_gated(tmp_path):
+    out = _run(tmp_path, OPTED, ci="1", without="browser")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "opted out   test_sample.py::test_page" in out.stdout
+    assert "NOT ALLOWED test_sample.py::test_image: no container engine" in out.stdout
+    assert "1 skip(s) not allowed in CI" in out.stdout
+
+
+def test_opting_out_covers_only_tests_with_the_marker(tmp_path):
+    body = OPTED + '\ndef test_unmarked():\n    pytest.skip("no chromium at /usr/bin/chromium")\n'
+    out = _run(tmp_path, body, ci="1", without="browser,container")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "NOT ALLOWED test_sample.py::test_unmarked" in out.stdout
+
+
+def test_an_unknown_opt_out_name_is_a_usage_error(tmp_path):
+    out = _run(tmp_path, SAMPLE, ci="1", without="browsers")
+    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
+    assert "IRPE_TEST_WITHOUT names browsers; it takes browser, container" in out.stdout + out.stderr

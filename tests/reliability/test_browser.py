@@ -16,6 +16,7 @@ CHROMIUM = os.environ.get("IRPE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = REPO / "test-artifacts" / "browser-classify.png"
+pytestmark = pytest.mark.browser  # IRPE_TEST_WITHOUT=browser opts out (tests/conftest.py)
 
 
 def test_demo_page_classifies_an_upload(server: ServerProcess, tmp_path: Path) -> None:
