@@ -3,7 +3,7 @@ mounted read-only, a read-only root filesystem, an API key; over HTTP on 127.0.0
 artifact served outside the container, runs as non-root, passes its own HEALTHCHECK, loses no request in
 flight on SIGTERM, and a missing or corrupt /models is a one-line error with a non-zero exit.
 
-`.ci/run` sets podman up (scripts/container-setup.sh); the base image is python:3.11-slim when a registry
+scripts/test.sh sets podman up (scripts/container-setup.sh); the base image is python:3.11-slim when a registry
 answers, else a local Debian stand-in (scripts/container-base.sh). Sizes and build times go to
 test-artifacts/container.json."""
 
