@@ -286,3 +286,27 @@ def test_overload_deadline_and_internal_errors_are_printable(tmp_path: Path) -> 
             assert after.as_numpy("logits").shape == (1, 10)
         finally:
             c.close()
+
+
+def test_trace_logging_and_cuda_shared_memory_routes(server: ServerProcess) -> None:
+    """Triton's trace/logging/CUDA shared memory routes answer (issue 30): logging settings change this process's
+    log level; trace files stay off (a request for them is a 400 naming why); CUDA regions cannot be registered."""
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        start = c.get("/v2/logging").json()
+        assert c.post("/v2/logging", json={"log_verbose_level": 1}).json()["log_verbose_level"] == 1
+        quiet = c.post("/v2/logging", json={"log_verbose_level": 0, "log_info": False, "log_warning": False}).json()
+        assert (quiet["log_info"], quiet["log_warning"], quiet["log_error"]) == (False, False, True)
+        assert c.post("/v2/logging", json={"log_file": "/tmp/x"}).status_code == 400
+        assert c.post("/v2/logging", json={"log_info": "yes"}).status_code == 400
+        c.post("/v2/logging", json={k: start[k] for k in ("log_info", "log_warning", "log_error")})
+        assert c.get("/v2/trace/setting").json()["trace_level"] == ["OFF"]
+        r = c.post("/v2/trace/setting", json={"trace_level": ["TIMESTAMPS"]})
+        assert r.status_code == 400 and "traceparent" in r.json()["error"]
+        assert c.post(f"/v2/models/{MODEL}/trace/setting", json={"trace_level": ["OFF"]}).status_code == 200
+        assert c.get("/v2/models/nope/trace/setting").status_code == 404
+        assert c.get("/v2/cudasharedmemory/status").json() == []
+        r = c.post("/v2/cudasharedmemory/region/g/register", json={"raw_handle": {"b64": ""}, "device_id": 0,
+                                                                   "byte_size": 8})
+        assert r.status_code == 400 and "system shared memory" in r.json()["error"]
+        r = c.post("/v2/systemsharedmemory/region/r/register", json={"key": "/x", "offset": 0, "byte_size": 8})
+        assert r.status_code == 403 and "--allow-client-shm" in r.json()["error"]
