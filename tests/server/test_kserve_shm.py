@@ -118,3 +118,20 @@ def test_off_by_default(tiny_artifact: Path, region: tuple[str, object]) -> None
         assert r.status_code == 403 and "--allow-client-shm" in r.json()["error"]
         assert httpx.get(f"{server.url}/v2/systemsharedmemory/status").json() == []
         assert "system_shared_memory" in httpx.get(f"{server.url}/v2").json()["extensions"]
+
+
+def test_triton_metrics_in_both_layouts(server: ServerProcess, client: triton.InferenceServerClient) -> None:
+    """nv_inference_* comes from the batcher's statistics, also when it lives in the engine process."""
+    x = _images(2)
+    plain = triton.InferInput("images", list(x.shape), "FP32")
+    plain.set_data_from_numpy(x)
+    client.infer(MODEL, [plain])
+    stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    labels = f'{{model="{MODEL}",version="1"}}'
+    values = {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+              if ln.startswith("nv_inference_") and ln.split("{", 1)[1].startswith(labels[1:])}
+    assert values["nv_inference_count"] == stats["inference_count"] >= 2
+    assert values["nv_inference_exec_count"] == stats["execution_count"] >= 1
+    assert values["nv_inference_request_success"] == stats["inference_stats"]["success"]["count"] >= 1
+    assert 'nv_inference_request_failure{reason="REJECTED",' in text
