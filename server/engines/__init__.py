@@ -92,5 +92,8 @@ def warm_up(engine: Engine, art: ModelArtifact) -> float:
         if out.shape != (n, art.num_classes):
             raise EngineError(f"model output shape {out.shape} != ({n}, {art.num_classes}) from model.json; "
                               "re-export the artifact")
+    keep = getattr(engine, "keep_solo", None)
+    if keep is not None:
+        keep(np.zeros((1, *shape), dtype=np.float32))
     return time.perf_counter() - start
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,8 @@ class OrtEngine:
 
     ``solo_threads`` > ``threads`` (on a CPU whose cores are split between inference threads) adds a second
     session with that many intra-op threads for :meth:`run_solo`: a batch that runs while the engine is
-    otherwise idle gets every core instead of its share (a lone request's latency)."""
+    otherwise idle gets every core instead of its share (a lone request's latency). The warm-up keeps it
+    only where it is faster (:meth:`keep_solo`)."""
 
     def __init__(self, onnx_path: Path, art: ModelArtifact, *, device: str, threads: int, max_batch: int,
                  solo_threads: int = 0):
@@ -76,6 +79,21 @@ class OrtEngine:
     def run_solo(self, images: np.ndarray) -> np.ndarray:
         """:meth:`run` on every core (the solo session; the shared one when there is none)."""
         return self._run(self.solo_session or self.session, images)
+
+    def keep_solo(self, images: np.ndarray, rounds: int = 5, gain: float = 0.8) -> bool:
+        """Time ``images`` on both sessions (interleaved, medians); keep the solo session only when it takes
+        at most ``gain`` of the shared one's time. On a near-free model more threads only add wake-ups."""
+        if self.solo_session is None:
+            return False
+        times: dict[str, list[float]] = {"shared": [], "solo": []}
+        for _ in range(rounds):
+            for name, session in (("shared", self.session), ("solo", self.solo_session)):
+                start = time.perf_counter()
+                self._run(session, images)
+                times[name].append(time.perf_counter() - start)
+        if statistics.median(times["solo"]) > gain * statistics.median(times["shared"]):
+            self.solo_session = None
+        return self.solo_session is not None
 
     def _run(self, session: Any, images: np.ndarray) -> np.ndarray:
         n = images.shape[0]

@@ -66,3 +66,17 @@ def test_cuda_without_a_driver_is_one_line_naming_the_fix() -> None:
         assert "\n" not in str(e.value)
     else:  # a driver is installed: nothing to refuse
         _require_cuda_driver()
+
+
+def test_solo_session_gives_the_same_logits_and_stays_only_when_faster(tiny_artifact: Path) -> None:
+    """run_solo answers as run does; keep_solo drops the all-core session unless it takes at most ``gain`` of
+    the shared session's time (gain 0: never kept; a huge gain: always kept)."""
+    art = load_artifact(tiny_artifact)
+    x = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
+    keep = load_engine(tiny_artifact, art, threads=1, max_batch=4, solo_threads=2)
+    assert keep.solo_session is not None and keep.keep_solo(x, rounds=2, gain=1e9)
+    np.testing.assert_array_equal(keep.run_solo(x), keep.run(x))
+    drop = load_engine(tiny_artifact, art, threads=1, max_batch=4, solo_threads=2)
+    assert not drop.keep_solo(x, rounds=2, gain=0.0) and drop.solo_session is None
+    np.testing.assert_array_equal(drop.run_solo(x), drop.run(x))
+    assert load_engine(tiny_artifact, art, threads=2, max_batch=4, solo_threads=2).solo_session is None
