@@ -54,8 +54,8 @@ def _wait(procs: list[mp.process.BaseProcess], errors: Any) -> None:
     from multiprocessing.connection import wait
 
     while True:
+        alive = [p for p in procs if p.is_alive()]  # before the exit codes: one that ends between is seen failed
         failed = next((p for p in procs if p.exitcode not in (None, 0)), None)
-        alive = [p for p in procs if p.is_alive()]
         if failed is not None or not alive:
             break
         wait([p.sentinel for p in alive], timeout=1.0)
