@@ -52,5 +52,17 @@ if [ -d "$ov/libs" ]; then
          "$ov"/frontend/jax "$ov"/torch "$ov"/tools
   find "$ov" -name '*.pyi' -delete
 fi
+# debug symbols of the wheels' Python extensions (ml_dtypes, a need of the grpc extra's stubs: 25 -> 1.5 MB; uvloop
+# 11 MB; python-rapidjson 6 MB; Pillow, NumPy): stripped with binutils, installed and purged in this one layer.
+# ONNX Runtime, OpenVINO, the CUDA/TensorRT wheels and auditwheel's vendored *.libs (patched ELF: stripping
+# breaks their loading) are left as shipped.
+if command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends binutils >/dev/null
+  find "$site" -name '*.so*' -type f -not -path '*/openvino/*' -not -path '*/onnxruntime/*' \
+       -not -path '*/nvidia/*' -not -path '*/tensorrt*' -not -path '*.libs/*' -exec strip --strip-unneeded {} + 2>/dev/null || true
+  apt-get purge -y -qq --auto-remove binutils >/dev/null
+  apt-get clean
+  rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
+fi
 pip uninstall -y -q setuptools 2>/dev/null || true
 pip uninstall -y -q pip
