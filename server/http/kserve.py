@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from irpe.artifact import ModelArtifact
 
 from ..errors import APIError
-from ..hosting.host import ModelVersion
+from ..hosting.host import ModelVersion, clip, parse_version
 from ..pipeline import oip
 from ..pipeline.service import Service
 from ..pipeline.sysshm import SharedMemoryRegistry
@@ -174,8 +174,8 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
         ok = oip.model_ready(service, name, version)
     except APIError as e:
         raise APIError(400, "not_found", f"Model version not ready: {e.message}") from None
-    if not ok and version and not (version.isdigit() and int(version) in service.host.records.get(name, {})):
-        raise APIError(400, "not_found", f"Model version not ready: '{name}' has no version {version}")
+    if not ok and version and parse_version(version) not in service.host.records.get(name, {}):
+        raise APIError(400, "not_found", f"Model version not ready: '{clip(name)}' has no version {clip(version)}")
     return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
 

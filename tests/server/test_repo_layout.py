@@ -96,7 +96,7 @@ def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path
     state.warm()
     try:
         with state.use("b") as mv:
-            mv.batcher._run = lambda x: np.zeros((0, 10), np.float32)  # type: ignore[union-attr]  # IndexError
+            mv.batcher._run = mv.batcher._solo = lambda x: np.zeros((0, 10), np.float32)  # type: ignore  # IndexError
 
             async def submit() -> None:
                 with pytest.raises(asyncio.TimeoutError):
