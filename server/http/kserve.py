@@ -103,7 +103,7 @@ async def _infer_on(request: Request, service: Service, mv: ModelVersion, starte
     return body, headers, "application/json" if json_len is None else "application/octet-stream"
 
 
-_MODEL_ERRORS = v2_error_responses(401, 404, 503)
+_MODEL_ERRORS = v2_error_responses(400, 401, 404, 503)
 _INFER_ERRORS = v2_error_responses(400, 401, 404, 413, 415, 500, 503, 504)
 _READY_503 = {503: {"description": "not ready (body says ready: false)"}}
 
@@ -185,7 +185,7 @@ async def repository_index(request: Request) -> list[dict[str, str]]:
     return oip.repository_index(service_of(request))
 
 
-@router.post("/repository/models/{name}/load", responses=v2_error_responses(400, 401, 403, 404, 415))
+@router.post("/repository/models/{name}/load", responses=v2_error_responses(400, 401, 403, 404, 415, 503))
 async def load_model(request: Request, name: str) -> dict[str, Any]:
     """Load (or reload) a model's versions from the repository (``--model-control explicit``): the new
     version is warmed before traffic moves to it; a failed load leaves the old one serving (400 + reason)."""
@@ -193,7 +193,7 @@ async def load_model(request: Request, name: str) -> dict[str, Any]:
     return {}
 
 
-@router.post("/repository/models/{name}/unload", responses=v2_error_responses(400, 401, 403, 404, 415))
+@router.post("/repository/models/{name}/unload", responses=v2_error_responses(400, 401, 403, 404, 415, 503))
 async def unload_model(request: Request, name: str) -> dict[str, Any]:
     """Unload every version of a model (``--model-control explicit``): requests already running finish,
     then the engines are freed; later requests for it get 404."""

@@ -160,7 +160,7 @@ def cases() -> list[Case]:
         Case("infer: classification -1",
              {"json": infer_body(outputs=[{"name": "logits", "parameters": {"classification": -1}}])},
              {400}, path=INFER),
-        Case("infer: 300 images (> --max-queue 256)", {"json": infer_body((300, 3, 32, 32))}, {413}, path=INFER),
+        Case("infer: 300 images (> max_batch_size)", {"json": infer_body((300, 3, 32, 32))}, {400}, path=INFER),
         Case("infer: valid request", {"json": infer_body()}, {200}, path=INFER),
     ]
 

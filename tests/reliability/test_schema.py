@@ -24,13 +24,16 @@ from tests.reliability.procs import ServerProcess
 from tests.reliability.record import RECORDS
 
 MAX_EXAMPLES = 20  # per operation and generation mode (positive, negative)
+# Triton's answer to model control without --model-control explicit (issue 30): 503, documented on the routes
+_TRITON_503 = ("/v2/repository/models/{name}/load", "/v2/repository/models/{name}/unload")
 
 
 def _check(case: schemathesis.Case, server: ServerProcess) -> int:
     response = case.call(base_url=server.url, timeout=30)
     RECORDS.append(("schemathesis", f"{case.method} {case.operation.path}", response.status_code, ""))
     where = f"{case.method} {case.formatted_path} query={case.query}"
-    assert response.status_code < 500, f"{where}: {response.status_code} {response.text[:300]}"
+    triton_503 = response.status_code == 503 and case.operation.path in _TRITON_503
+    assert response.status_code < 500 or triton_503, f"{where}: {response.status_code} {response.text[:300]}"
     ctype = str(response.headers.get("content-type", ""))
     if response.status_code < 300 and "application/json" in ctype:
         case.validate_response(response, checks=[response_schema_conformance])
