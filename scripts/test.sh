@@ -6,19 +6,20 @@
 #   browser               Debian's chromium (tests/reliability/test_browser.py) scripts/install-browser.sh
 #   container engine      podman + runc + containers.conf, or a running docker  scripts/container-setup.sh
 #   container base image  the Python base of the serving image (tests/deploy)   scripts/container-base.sh
+#   perf_analyzer image   NVIDIA's perf_analyzer wheel in a trixie container     scripts/perf-analyzer.sh --image
 # then ruff and `pytest -m "not slow"`; without arguments tests/training runs in a pytest process of its own (run
 # after the server suite in one process it has crashed: docs/testing.md). Arguments go to one pytest process.
 #
 # IRPE_CI=1 (the default): the C resize extension must build; a set-up step that cannot be done stops the run
 # with one line (what is missing, how to install it, how to run without those tests); any skip other than no
 # GPU / no TensorRT fails the run (tests/conftest.py).
-# IRPE_TEST_WITHOUT=browser,container: leave those steps out on purpose; the skip gate then accepts the skips of
+# IRPE_TEST_WITHOUT=browser,container,perf_analyzer: leave those steps out on purpose; the skip gate then accepts the skips of
 # those tests only, and lists each one as "opted out". IRPE_CI=0: a failed step is reported, skips are tolerated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export IRPE_CI="${IRPE_CI:-1}"
 export IRPE_TEST_WITHOUT="${IRPE_TEST_WITHOUT:-}"
-groups=(browser container)
+groups=(browser container perf_analyzer)
 
 note() { echo "test.sh: $*" >&2; }
 usec() { local t="${EPOCHREALTIME//[!0-9]/}"; echo "${t:-$((SECONDS * 1000000))}"; }
@@ -55,6 +56,16 @@ step() {
   return 1
 }
 
+pa_image() {
+  local image
+  if command -v perf_analyzer >/dev/null 2>&1; then
+    note "perf_analyzer on PATH: $(command -v perf_analyzer)"
+    return 0
+  fi
+  image="$(PYTHON=.venv/bin/python scripts/perf-analyzer.sh --image)" || return
+  note "perf_analyzer image: $image"
+}
+
 base_image() {
   local image
   image="$(scripts/container-base.sh)" || return
@@ -66,6 +77,11 @@ step venv "" scripts/setup-venv.sh export,train,plugins,dev,cpu
 step browser browser scripts/install-browser.sh || true
 if step "container engine" container scripts/container-setup.sh; then
   step "container base image" container base_image || true
+  step "perf_analyzer image" perf_analyzer pa_image || true
+elif ! without perf_analyzer; then
+  note "perf_analyzer image: needs the container engine above (or perf_analyzer on PATH); opt out of its" \
+    "tests with IRPE_TEST_WITHOUT=perf_analyzer"
+  command -v perf_analyzer >/dev/null 2>&1 || setup_failed+=("perf_analyzer image")
 fi
 note "set-up $(since "$start")"
 if [ "${#setup_failed[@]}" -gt 0 ] && strict; then

@@ -34,6 +34,7 @@ _ALLOWED = re.compile("|".join(CI_ALLOWED_SKIPS), re.IGNORECASE)
 OPT_OUT_GROUPS = {
     "browser": "needs Debian's chromium (scripts/install-browser.sh)",
     "container": "builds and runs the serving image (docker, or podman + runc: scripts/container-setup.sh)",
+    "perf_analyzer": "runs NVIDIA's perf_analyzer (on PATH, or its podman image: scripts/perf-analyzer.sh --image)",
 }
 _SKIPS: list[tuple[str, str, bool]] = []  # (nodeid, reason, opted out)
 

@@ -100,6 +100,7 @@ def _perf_analyzer_runs() -> bool:
     return image.returncode == 0
 
 
+@pytest.mark.perf_analyzer
 @pytest.mark.skipif(not _perf_analyzer_runs(), reason="perf_analyzer (or its podman image) is not here")
 def test_one_short_real_run_measures_both_servers(tmp_path: Path, capsys) -> None:
     pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")

@@ -15,7 +15,8 @@ from tests.reliability.procs import ServerProcess, server_env, start_server
 from tests.server.test_grpc import grpc_address
 
 KEY = "pa-key"
-pytestmark = pytest.mark.skipif(not _perf_analyzer_runs(), reason="perf_analyzer (or its podman image) is not here")
+pytestmark = [pytest.mark.perf_analyzer,  # IRPE_TEST_WITHOUT=perf_analyzer opts out (tests/conftest.py)
+              pytest.mark.skipif(not _perf_analyzer_runs(), reason="perf_analyzer (or its podman image) is not here")]
 
 
 @pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "frontends-2"])
