@@ -138,24 +138,29 @@ class Supervisor:
         """Start everything, watch until SIGTERM/SIGINT or the engine dies; the exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
+        self._start_engine()
+        if not self._engine_loaded():  # a model that cannot load: its one error line, nothing announced
+            return self._end(0 if self.stopping else 1)
         announce(self.sock.getsockname())  # --port 0: the port the kernel picked
         if self.grpc_sock is not None:
             announce_grpc(self.settings.host, self.settings.grpc_port)
-        self._start_engine()
-        if self._engine_loaded():  # a model that cannot load: one error line, no front end to stop
-            for i in range(self.n):
-                self._start_frontend(i)
+        for i in range(self.n):
+            self._start_frontend(i)
         log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
                  self.settings.host, self.settings.port, self.n, self.engine.pid if self.engine else "?")
-        code = self._watch()
+        return self._end(self._watch())
+
+    def _end(self, code: int) -> int:
+        """Close the sockets, stop what runs; the exit code (the engine's own, 3, when it could not load)."""
         if self.grpc_sock is not None:
             self.grpc_sock.close()
         self.sock.close()  # the front ends close theirs as they stop: new connections are refused, not queued
         self._stop_frontends()
         self._stop_engine()
-        if code == 0 and self.engine is not None and self.engine.exitcode not in (0, -signal.SIGTERM, None):
-            code = 1
-        return code
+        exitcode = self.engine.exitcode if self.engine is not None else None
+        if code != 0 and exitcode is not None and exitcode > 0:
+            return exitcode
+        return 1 if code == 0 and exitcode not in (0, -signal.SIGTERM, None) else code
 
     def _engine_loaded(self) -> bool:
         """Wait until the engine has loaded the model (its socket exists; warm-up goes on meanwhile)."""

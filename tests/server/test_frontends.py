@@ -222,3 +222,20 @@ def test_a_dead_engine_fails_readyz_and_the_server_exits_non_zero(tiny_artifact:
 
 def _alive_children(proc: subprocess.Popen) -> list[int]:
     return [pid for pid in tree_pids(proc.pid)[1:] if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_model_that_cannot_load_is_one_line_and_nothing_announced(tiny_artifact: Path) -> None:
+    """The engine's load error is the only line (no "listening" line for a server that never serves), with
+    the engine's exit code 3 and no process left behind."""
+    proc = subprocess.Popen([sys.executable, "-m", "irpe.cli", "serve", str(tiny_artifact), "--port", "0",
+                             "--grpc-port", "0", "--frontends", "2", "--device", "cuda"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert proc.returncode == 3, out
+    assert len(lines) == 1 and "cannot load the model" in lines[0] and "--device cuda" in lines[0], lines
+    assert not _alive_children(proc)
