@@ -165,9 +165,11 @@ def format_rows(rows: list[Row]) -> str:
 
 def default_variants(frontends: list[int], baseline_pythonpath: str | None, images: list[int],
                      floor: bool = True) -> list[Variant]:
-    """baseline (optional), single, single xK for each K > 1, frontends=N for each N, the HTTP floor."""
+    """baseline (optional), single, single without its access log (the log's cost), single xK for each K > 1,
+    frontends=N for each N, the HTTP floor."""
     out = [Variant("baseline", [], {"PYTHONPATH": baseline_pythonpath})] if baseline_pythonpath else []
     out.append(Variant("single", []))
+    out.append(Variant("single no-log", ["--log-level", "warning"]))  # the access line is INFO
     out += [Variant(f"single x{k}", [], images=k) for k in images if k > 1]
     out += [Variant(f"frontends={n}", ["--frontends", str(n)]) for n in frontends]
     if floor:

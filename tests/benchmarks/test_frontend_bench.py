@@ -59,7 +59,7 @@ def test_requests_are_sent_as_httpx_sends_them() -> None:
 
 def test_table_and_variants() -> None:
     names = [v.label for v in default_variants([1, 2], "/old", [1, 4])]
-    assert names == ["baseline", "single", "single x4", "frontends=1", "frontends=2", "http floor"]
+    assert names == ["baseline", "single", "single no-log", "single x4", "frontends=1", "frontends=2", "http floor"]
     row = Row("single", 4, answered=100, seconds=2.0, statuses=collections.Counter({200: 100, 503: 3}),
               cpu=collections.Counter({"main-loop": 0.1, "irpe-decode": 0.3}))
     text = format_rows([row])
