@@ -10,7 +10,7 @@
 #   scripts/perf-analyzer.sh -m deit_tiny -u 127.0.0.1:8000 --input-data zero --concurrency-range 1:32:31
 # IRPE_PA_TIMEOUT (default 600 s): perf_analyzer is killed inside its container after that long, and the
 # container is removed when this script ends however it ends (a killed client used to leave a perf_analyzer
-# running, once at 19 GB RSS). IRPE_PA_MEMORY (default 4g): the container's memory cap; perf_analyzer 2.60
+# running, once at 19 GB RSS). IRPE_PA_MEMORY (default 12g): the container's memory cap; perf_analyzer 2.60
 # has grown to 23.6 GB here at HTTP concurrency 32 (the kernel's OOM killer then took the server under test
 # with it), and under the cap only perf_analyzer is killed.
 # Needs root, podman, runc, debootstrap; /etc/containers/containers.conf with
@@ -56,7 +56,7 @@ trap 'rm -rf "${work:-/nonexistent}"; "${podman[@]}" rm -f -t 0 "$name" >/dev/nu
 trap 'exit 130' INT
 trap 'exit 143' TERM
 rc=0
-"${podman[@]}" run --rm --name "$name" --network host --memory "${IRPE_PA_MEMORY:-4g}" "$image" \
+"${podman[@]}" run --rm --name "$name" --network host --memory "${IRPE_PA_MEMORY:-12g}" "$image" \
   timeout --kill-after=5 "$limit" /opt/pa/bin/perf_analyzer "$@" || rc=$?
 [ "$rc" != 124 ] || echo "perf-analyzer.sh: perf_analyzer ran past IRPE_PA_TIMEOUT=${limit}s and was stopped" >&2
 exit "$rc"
