@@ -169,7 +169,7 @@ class ModelHost:
 
     def knows(self, name: str) -> bool:
         """Whether the repository holds ``name`` (loaded or not)."""
-        return name in self.catalog() or name in self.records
+        return name in self.records or name in self.catalog()  # records first: no catalog per request
 
     def lookup(self, name: str | None, version: str | int | None = None) -> ModelVersion:
         """The READY version asked for (no version: the highest READY one); 404 APIError otherwise."""

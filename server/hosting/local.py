@@ -69,6 +69,7 @@ class LocalHost(ModelHost):
     def __init__(self, settings: Settings, metrics: Metrics | None = None):
         super().__init__(settings, metrics)
         self.root = Path(settings.artifact_dir)
+        self._roots: tuple[str, ...] | None = None
         self.slots = InferenceSlots(settings.resolved_inference_threads())
         self.dirs: dict[str, ModelDir] = {}
         self._control = threading.RLock()  # one load / unload / poll at a time
@@ -83,7 +84,9 @@ class LocalHost(ModelHost):
 
     def relative(self, text: str) -> str:
         """A reason clients see, with the repository's absolute path taken out (paths inside it relative)."""
-        for root in dict.fromkeys((str(self.root), str(self.root.resolve()))):
+        if self._roots is None:  # resolved once (a realpath walk of syscalls)
+            self._roots = tuple(dict.fromkeys((str(self.root), str(self.root.resolve()))))
+        for root in self._roots:
             text = text.replace(root + os.sep, "").replace(root, "the model repository")
         return text
 

@@ -20,6 +20,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config import Settings
+from .transport import OneWriteTransport
 
 log = logging.getLogger("irpe.server")
 
@@ -83,6 +84,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = OneWriteTransport(transport, self.loop)  # type: ignore[assignment]
         if len(self.connections) > self.limits.max_connections:
             log.warning("refusing a connection: %d open (--max-connections)", len(self.connections) - 1)
             self._refuse(503, "Service Unavailable", f"too many open connections (limit "
