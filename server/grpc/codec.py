@@ -38,14 +38,23 @@ def params(field: Any) -> dict[str, Any]:
     return {k: param_value(v) for k, v in field.items()}
 
 
-def inline(req: pb.ModelInferRequest) -> bool:
-    """Whether checking the input costs less than a hop to the decode pool: raw bytes, small."""
-    return len(req.raw_input_contents) == 1 and len(req.raw_input_contents[0]) <= oip.INLINE_BYTES
+def raw_inputs(req: pb.ModelInferRequest) -> list[bytes]:
+    """``raw_input_contents``, read once: every access to a protobuf bytes field makes a new copy (600 KB for
+    one 224 px image)."""
+    return list(req.raw_input_contents)
+
+
+def inline(raw: list[bytes]) -> bool:
+    """Whether checking the input costs less than a hop to the decode pool: raw bytes (:func:`raw_inputs`),
+    small."""
+    return len(raw) == 1 and len(raw[0]) <= oip.INLINE_BYTES
 
 
 def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
-                 shm: SharedMemoryRegistry) -> np.ndarray:
-    """The checked ``images`` array of an inference request (every check before any inference)."""
+                 shm: SharedMemoryRegistry, raw: list[bytes] | None = None) -> np.ndarray:
+    """The checked ``images`` array of an inference request (every check before any inference); ``raw``:
+    its :func:`raw_inputs` when already read."""
+    raw = raw_inputs(req) if raw is None else raw
     if len(req.inputs) != 1:
         raise ProtocolError(f"expected exactly one input {art.input_name!r}, got {len(req.inputs)}")
     spec = req.inputs[0]
@@ -54,7 +63,7 @@ def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
     if others:
         raise ProtocolError(f"input {spec.name!r} is FP32: send fp32_contents or raw_input_contents, not "
                             f"{others[0]}")
-    given = [what for what, there in (("raw_input_contents", bool(req.raw_input_contents)),
+    given = [what for what, there in (("raw_input_contents", bool(raw)),
                                       ("contents", bool(spec.contents.fp32_contents)),
                                       ("shared_memory_region", "shared_memory_region" in spec.parameters)) if there]
     if len(given) > 1:
@@ -62,16 +71,15 @@ def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
     ref = oip.shm_ref(params(spec.parameters), "input")
     if ref is not None:
         return oip.check_images(oip.shm_input(shm, ref, spec.name, shape), max_images)
-    return oip.check_images(_tensor(req, spec, shape), max_images)
+    return oip.check_images(_tensor(raw, spec, shape), max_images)
 
 
-def _tensor(req: pb.ModelInferRequest, spec: Any, shape: list[int]) -> np.ndarray:
+def _tensor(raws: list[bytes], spec: Any, shape: list[int]) -> np.ndarray:
     count = math.prod(shape)
-    if req.raw_input_contents:
-        if len(req.raw_input_contents) != 1:
-            raise ProtocolError(f"raw_input_contents has {len(req.raw_input_contents)} entries; the model has "
-                                "one input")
-        raw = req.raw_input_contents[0]
+    if raws:
+        if len(raws) != 1:
+            raise ProtocolError(f"raw_input_contents has {len(raws)} entries; the model has one input")
+        raw = raws[0]
         if len(raw) != count * _ITEM:
             raise ProtocolError(f"input {spec.name!r}: raw_input_contents has {len(raw)} bytes; shape {shape} "
                                 f"FP32 needs {count * _ITEM}")

@@ -192,8 +192,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             art = mv.art
             assert art is not None
             loop = asyncio.get_running_loop()
-            args = (req, art, oip.max_images(service), service.shm)
-            images = codec.decode_infer(*args) if codec.inline(req) else \
+            raw = codec.raw_inputs(req)
+            args = (req, art, oip.max_images(service), service.shm, raw)
+            images = codec.decode_infer(*args) if codec.inline(raw) else \
                 await loop.run_in_executor(service.pool, codec.decode_infer, *args)
             k, ref = codec.requested(req, art, len(images), service.shm)
             logits = await oip.infer(service, mv, images, started)
