@@ -21,6 +21,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_digits_bench(bsub)
     add_repository_bench(bsub)
     add_triton_bench(bsub)
+    add_rpe_lookup_bench(bsub)
 
 
 def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
@@ -258,6 +259,31 @@ def _run_triton(args: argparse.Namespace) -> int:
     except (BenchError, TritonUnavailable) as e:
         raise CLIError(str(e)) from None
     return 0
+
+
+def add_rpe_lookup_bench(bsub: argparse._SubParsersAction) -> None:
+    """``irpe bench rpe-lookup`` (issue 32): the iRPE-K lookup's forms on one attention core, per runtime."""
+    p = bsub.add_parser("rpe-lookup", help="the iRPE-K lookup as rows / last-axis Gather / one-hot MatMul on one "
+                                           "attention core: ONNX Runtime fp32, OpenVINO f32 and bf16, interleaved")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=20, help="interleaved timed rounds (median reported)")
+    p.add_argument("--threads", type=int, default=0, help="threads per runtime (default: all cores)")
+    p.add_argument("--paths", default="ort-fp32,ov-f32,ov-bf16", help="comma list of ort-fp32, ov-f32, ov-bf16")
+
+    def run(args: argparse.Namespace) -> int:
+        from irpe.bench.rpe_lookup import Dims, format_lookup, run_rpe_lookup_bench
+        from irpe.server.config import usable_cpus
+
+        paths = tuple(_names(args.paths))
+        if args.batch < 1 or args.rounds < 1 or not paths or set(paths) - {"ort-fp32", "ov-f32", "ov-bf16"}:
+            raise CLIError("--batch and --rounds must be >= 1; --paths takes ort-fp32, ov-f32, ov-bf16")
+        medians = run_rpe_lookup_bench(Dims(batch=args.batch), args.rounds, args.threads or usable_cpus(), paths)
+        print(f"one DeiT-S attention core, batch {args.batch}, {args.rounds} interleaved rounds, medians "
+              "(+ what the iRPE-K term adds):")
+        print(format_lookup(medians))
+        return 0
+
+    p.set_defaults(func=run)
 
 
 def _ints(text: str, flag: str) -> list[int]:
