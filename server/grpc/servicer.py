@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 import time
 import uuid
@@ -22,6 +21,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from ..auth import bearer_matches
 from ..errors import APIError
 from ..pipeline import oip
 from ..pipeline.control import check_admin, run_control
@@ -40,8 +40,7 @@ def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
         return True
     for name, value in context.invocation_metadata() or ():
         if name == "authorization" and isinstance(value, str):
-            scheme, _, token = value.strip().partition(" ")
-            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+            return bearer_matches(value, key)
     return False
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -10,6 +9,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
+from ..auth import bearer_matches
 from ..pipeline.service import Service
 from .control import is_control
 from .errors import error_body_for
@@ -49,8 +49,7 @@ def host_name(scope: Scope) -> str:
 def _authorized(scope: Scope, key: str) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+            return bearer_matches(value.decode("latin-1"), key)
     return False
 
 

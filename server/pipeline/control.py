@@ -9,9 +9,9 @@ cross-site browser requests (:mod:`..http.control`).
 from __future__ import annotations
 
 import asyncio
-import hmac
 from concurrent.futures import ThreadPoolExecutor
 
+from ..auth import bearer_matches
 from ..config import Settings, is_loopback
 from ..errors import APIError
 from .service import Service
@@ -19,20 +19,14 @@ from .service import Service
 _pool: ThreadPoolExecutor | None = None  # one thread: control calls take the host's lock one at a time anyway
 
 
-def matches(authorization: str, key: str) -> bool:
-    """``authorization`` is ``Bearer <key>`` (constant-time comparison)."""
-    scheme, _, token = authorization.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-
-
 def check_admin(settings: Settings, authorization: str) -> None:
     """APIError unless ``authorization`` may load and unload models here (see the module docstring)."""
     if settings.admin_key:
-        if not matches(authorization, settings.admin_key):
+        if not bearer_matches(authorization, settings.admin_key):
             raise APIError(403, "forbidden", "model control needs the admin key: send 'Authorization: Bearer "
                            "<IRPE_ADMIN_KEY>'", {"WWW-Authenticate": "Bearer"})
         return
-    if settings.api_key and not matches(authorization, settings.api_key):
+    if settings.api_key and not bearer_matches(authorization, settings.api_key):
         raise APIError(401, "unauthorized", "missing or wrong API key; send 'Authorization: Bearer <key>'",
                        {"WWW-Authenticate": "Bearer"})
     if not is_loopback(settings.host):
