@@ -186,3 +186,19 @@ def running_server(artifact_dir: Path, **settings: object) -> Iterator[str]:
     with serving_app(create_app(cfg)) as url:
         wait_ready(url)
         yield url
+
+
+@contextlib.contextmanager
+def client_shm_region(tag: str, size: int = 64 * 1024) -> Iterator[tuple[str, object]]:
+    """A POSIX shared-memory region made with tritonclient's ``shared_memory`` utilities, as a client makes
+    one: (its key, its handle); destroyed on exit."""
+    import uuid
+
+    from tritonclient.utils import shared_memory as shm
+
+    key = f"/{tag}_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(tag, key, size)
+    try:
+        yield key, handle
+    finally:
+        shm.destroy_shared_memory_region(handle)

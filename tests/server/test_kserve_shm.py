@@ -5,7 +5,6 @@ off by default (403 naming the flag)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.reliability.procs import ServerProcess, serving
+from tests.server.helpers import client_shm_region
 
 triton = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
 shm = pytest.importorskip("tritonclient.utils.shared_memory")
@@ -39,10 +39,8 @@ def client(server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
 
 @pytest.fixture
 def region() -> Iterator[tuple[str, object]]:
-    key = f"/i30t_{uuid.uuid4().hex[:12]}"
-    handle = shm.create_shared_memory_region("h", key, 64 * 1024)
-    yield key, handle
-    shm.destroy_shared_memory_region(handle)
+    with client_shm_region("i30t") as made:
+        yield made
 
 
 def _images(n: int) -> np.ndarray:

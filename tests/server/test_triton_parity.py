@@ -25,7 +25,7 @@ import pytest
 
 from irpe.bench.tritonserver import TritonServer, TritonUnavailable
 from tests.reliability.procs import ServerProcess, serving
-from tests.server.helpers import make_artifact
+from tests.server.helpers import client_shm_region, make_artifact
 
 shm = pytest.importorskip("tritonclient.utils.shared_memory", reason="tritonclient is in the dev extra")
 MODEL = "tiny-mean"
@@ -239,10 +239,8 @@ def test_trace_logging_and_cuda_shm(both: tuple[httpx.Client, httpx.Client]) -> 
 
 @pytest.fixture
 def region() -> Iterator[tuple[str, Any]]:
-    key = f"/i30p_{uuid.uuid4().hex[:12]}"
-    handle = shm.create_shared_memory_region("p", key, 64 * 1024)
-    yield key, handle
-    shm.destroy_shared_memory_region(handle)
+    with client_shm_region("i30p") as made:
+        yield made
 
 
 def test_system_shared_memory(both: tuple[httpx.Client, httpx.Client], region: tuple[str, Any]) -> None:
