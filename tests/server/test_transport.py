@@ -83,3 +83,42 @@ def test_other_writes_pass_through_at_once() -> None:
         return writes
 
     assert asyncio.run(main()) == [b"chunk"]
+
+
+def test_the_server_protocol_writes_through_it_and_answers_in_one_write() -> None:
+    """irpe serve's HTTP protocol (protocol_factory) puts OneWriteTransport on each connection: a real ASGI
+    answer over a real socket arrives whole, and the connection's writes are one per answer."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from irpe.server.config import Settings
+    from irpe.server.http.protocol import protocol_factory
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+            await send({"type": "http.response.body", "body": b"hello"})
+
+    async def main() -> tuple[bool, list[bytes], bytes]:
+        config = uvicorn.Config(app, http=protocol_factory(Settings()), log_level="warning", lifespan="off")
+        config.load()
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
+        wrapped = isinstance(proto.transport, OneWriteTransport)
+        writes: list[bytes] = []
+        real_write = transport.write
+        transport.write = lambda data: (writes.append(bytes(data)), real_write(data))[1]  # type: ignore[method-assign]
+        await loop.sock_sendall(theirs, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while not got.endswith(b"hello"):
+            got += await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
+        transport.close()
+        theirs.close()
+        return wrapped, writes, got
+
+    wrapped, writes, got = asyncio.run(main())
+    assert wrapped and got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"\r\n\r\nhello")
+    assert len(writes) == 1 and writes[0] == got  # head and body in one write
