@@ -1,0 +1,93 @@
+"""server/http/protocol.py over a real socket pair and uvicorn's machinery: a body of declared size reaches the
+application as one ASGI message however it was split on the wire; other bodies keep uvicorn's path; the bytes
+are the ones sent."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from irpe.server.config import Settings
+from irpe.server.http.protocol import Limits, protocol_factory
+
+BODY = bytes(range(256)) * 2352  # 602,112 bytes: one 224 px FP32 image
+
+
+async def _serve_one(request: bytes, pieces: int, settings: Settings) -> tuple[list[dict[str, Any]], bytes]:
+    """Send ``request`` in ``pieces`` writes (each its own read on the server side) to irpe's HTTP protocol,
+    and return the ASGI ``http.request`` messages the application received and the answer."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    messages: list[dict[str, Any]] = []
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        while True:
+            message = await receive()
+            messages.append(message)
+            if not message.get("more_body"):
+                break
+        size = str(sum(len(m.get("body", b"")) for m in messages)).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(size))]})
+        await send({"type": "http.response.body", "body": size})
+
+    config = uvicorn.Config(app, http=protocol_factory(settings), log_level="warning", lifespan="off")
+    config.load()
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+    transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
+    step = -(-len(request) // pieces)
+    for start in range(0, len(request), step):
+        await loop.sock_sendall(theirs, request[start:start + step])
+        await asyncio.sleep(0.005)  # the server reads each piece before the next one is sent
+    got = b""
+    while b"\r\n\r\n" not in got or not got.split(b"\r\n\r\n", 1)[1]:
+        got += await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
+    transport.close()
+    theirs.close()
+    return messages, got
+
+
+def _post(body: bytes, headers: bytes = b"") -> bytes:
+    return b"POST /x HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\n%s\r\n" % (len(body), headers) + body
+
+
+def test_a_declared_body_split_on_the_wire_is_one_message() -> None:
+    messages, answer = asyncio.run(_serve_one(_post(BODY), 12, Settings()))
+    assert answer.endswith(b"\r\n\r\n602112")
+    assert len(messages) == 1 and messages[0]["more_body"] is False and messages[0]["body"] == BODY
+
+
+def test_expect_100_continue_still_gets_its_interim_answer() -> None:
+    head = b"POST /x HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\nexpect: 100-continue\r\n\r\n" % len(BODY)
+
+    async def main() -> tuple[list[dict[str, Any]], bytes]:
+        return await _serve_one(head + BODY, 6, Settings())
+
+    messages, answer = asyncio.run(main())
+    assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+    assert [m["body"] for m in messages] == [BODY]
+
+
+def test_a_body_over_the_whole_body_size_keeps_uvicorns_path() -> None:
+    """Larger than ``whole_body_bytes``: streamed in several messages (uvicorn pauses reading past 64 KB),
+    the bytes unchanged."""
+    settings = Settings(max_body_mb=0.25)  # whole_body_bytes = min(8 MB, --max-body-mb)
+    assert Limits.from_settings(settings).whole_body_bytes == 262144
+    messages, answer = asyncio.run(_serve_one(_post(BODY), 12, settings))
+    assert answer.endswith(b"\r\n\r\n602112")
+    assert len(messages) > 1 and b"".join(m["body"] for m in messages) == BODY
+
+
+def test_a_chunked_body_keeps_uvicorns_path() -> None:
+    pieces = [BODY[i:i + 100000] for i in range(0, len(BODY), 100000)]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    request = b"POST /x HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\n\r\n" + chunked
+    messages, answer = asyncio.run(_serve_one(request, 12, Settings()))
+    assert answer.endswith(b"\r\n\r\n602112")
+    assert len(messages) > 1 and b"".join(m["body"] for m in messages) == BODY
