@@ -141,13 +141,17 @@ def run_logits(onnx_path: str | Path, x: np.ndarray, *, runtime: str = "onnxrunt
 
 
 def openvino_compiled(onnx_path: str | Path, precision: str) -> Any:
-    """OpenVINO CPU CompiledModel of ``onnx_path`` with float parts in ``precision`` (fp32 or bf16)."""
+    """OpenVINO CPU CompiledModel of ``onnx_path`` with float parts in ``precision`` (fp32 or bf16), read as the
+    server reads it."""
     import openvino as ov
 
+    from irpe.artifact.openvino_graph import last_axis_lookups
+
     core = ov.Core()
+    model = core.read_model(str(onnx_path))
+    last_axis_lookups(model)  # the graph the server's OpenVINO engine runs
     hint = "bf16" if precision == "bf16" else "f32"
-    return core.compile_model(core.read_model(str(onnx_path)), "CPU", {"INFERENCE_PRECISION_HINT": hint,
-                                                                       "PERFORMANCE_HINT": "LATENCY"})
+    return core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"})
 
 
 def openvino_available() -> bool:

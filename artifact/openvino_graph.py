@@ -1,0 +1,92 @@
+"""How OpenVINO reads an artifact's model.onnx: the iRPE q/k lookups rewritten into OpenVINO's fast form.
+
+Here (torch-free, beside the model.json contract) because the server's OpenVINO engine and the export's bf16
+fidelity check must run the same graph, and the benches time it.
+
+``irpe export`` lays each lookup out for ONNX Runtime: the lut (N, H, n, K') transposed to rows (n*K', N, H),
+whole rows gathered by a constant index (n*n,), the q and k terms added flat, and one transpose of the
+(n, n, N, H) result back to (N, H, n, n). ONNX Runtime copies whole rows fast and single elements slowly, so
+that is its best form. OpenVINO is the other way round: a Gather on the last axis of the natural layout
+(N, H, n*K') indexed by the same numbers laid out (n, n) gives (N, H, n, n) directly, with no transposes
+(``irpe bench rpe-lookup``: +0.91 against +1.47 ms per attention core in bf16). The indices do not change
+(row i*K' + bucket of the row layout is element i*K' + bucket of the flat one), so the answer is the same
+(bit-identical in f32). Graphs without the pattern (plain DeiT, bias mode, plugin graphs) are left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+ROWS_PERM = [2, 3, 0, 1]  # (N, H, n, K') -> (n, K', N, H) and (n, n, N, H) -> (N, H, n, n)
+
+
+def last_axis_lookups(model: Any) -> int:
+    """Rewrite every row-layout lookup of ``model`` (an ``openvino.Model``) in place; the number rewritten."""
+    import openvino.opset13 as ops
+
+    shared: dict[bytes, Any] = {}  # one (n, n) index constant per distinct table, as in the ONNX graph
+    count = 0
+    for node in model.get_ordered_ops():
+        found = _row_lookups(node)
+        if not found:
+            continue
+        total = None
+        for lut, index, n in found:
+            key = index.tobytes()
+            if key not in shared:
+                shared[key] = ops.constant(index.reshape(n, n).astype(np.int64))
+            flat = ops.reshape(lut, ops.constant(np.array([0, 0, -1], np.int64)), special_zero=True)
+            term = ops.gather(flat, shared[key], ops.constant(np.int64(2)))
+            total = term if total is None else ops.add(total, term)
+        for target in list(node.output(0).get_target_inputs()):
+            target.replace_source_output(total.output(0))
+        count += 1
+    return count
+
+
+def _row_lookups(node: Any) -> list[tuple[Any, np.ndarray, int]] | None:
+    """For the final transpose of a row-layout lookup: its (lut, flat index, n) terms; else None."""
+    if node.get_type_name() != "Transpose" or _perm(node) != ROWS_PERM:
+        return None
+    grid = node.input_value(0).get_node()
+    if grid.get_type_name() != "Reshape":
+        return None
+    return _gathers(grid.input_value(0))
+
+
+def _gathers(value: Any) -> list[tuple[Any, np.ndarray, int]] | None:
+    """The row gathers summed into ``value`` (through flattening Reshapes and Adds), or None."""
+    node = value.get_node()
+    kind = node.get_type_name()
+    if kind == "Add":
+        a, b = _gathers(node.input_value(0)), _gathers(node.input_value(1))
+        return a + b if a is not None and b is not None else None
+    if kind == "Reshape":
+        return _gathers(node.input_value(0))
+    if kind != "Gather":
+        return None
+    index, axis, rows = (node.input_value(i).get_node() for i in (1, 2, 0))
+    if not (_constant(index) and _constant(axis) and int(axis.get_data().reshape(-1)[0]) == 0):
+        return None
+    flat = index.get_data().reshape(-1)
+    n = int(round(np.sqrt(flat.size)))
+    transpose = rows.input_value(0).get_node() if rows.get_type_name() == "Reshape" else None
+    if n * n != flat.size or transpose is None or transpose.get_type_name() != "Transpose" \
+            or _perm(transpose) != ROWS_PERM:
+        return None
+    lut = transpose.input_value(0)
+    rank = lut.get_partial_shape().rank
+    if not rank.is_static or rank.get_length() != 4:
+        return None
+    return [(lut, flat, n)]
+
+
+def _constant(node: Any) -> bool:
+    return node.get_type_name() == "Constant"
+
+
+def _perm(node: Any) -> list[int] | None:
+    source = node.input_value(1).get_node()
+    return [int(v) for v in source.get_data().reshape(-1)] if _constant(source) else None
