@@ -11,6 +11,7 @@ does. An output with ``parameters["classification"]`` k gets the classification 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,16 +45,16 @@ def raw_inputs(req: pb.ModelInferRequest) -> list[bytes]:
     return list(req.raw_input_contents)
 
 
-def inline(raw: list[bytes]) -> bool:
+def inline(raw: Sequence[bytes | memoryview]) -> bool:
     """Whether checking the input costs less than a hop to the decode pool: raw bytes (:func:`raw_inputs`),
     small."""
     return len(raw) == 1 and len(raw[0]) <= oip.INLINE_BYTES
 
 
 def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
-                 shm: SharedMemoryRegistry, raw: list[bytes] | None = None) -> np.ndarray:
+                 shm: SharedMemoryRegistry, raw: Sequence[bytes | memoryview] | None = None) -> np.ndarray:
     """The checked ``images`` array of an inference request (every check before any inference); ``raw``:
-    its :func:`raw_inputs` when already read."""
+    its :func:`raw_inputs` when already read (or the views :mod:`.wire` split off)."""
     raw = raw_inputs(req) if raw is None else raw
     if len(req.inputs) != 1:
         raise ProtocolError(f"expected exactly one input {art.input_name!r}, got {len(req.inputs)}")
@@ -74,7 +75,7 @@ def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
     return oip.check_images(_tensor(raw, spec, shape), max_images)
 
 
-def _tensor(raws: list[bytes], spec: Any, shape: list[int]) -> np.ndarray:
+def _tensor(raws: Sequence[bytes | memoryview], spec: Any, shape: list[int]) -> np.ndarray:
     count = math.prod(shape)
     if raws:
         if len(raws) != 1:

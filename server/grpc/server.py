@@ -8,10 +8,10 @@ it is read whole), and concurrent RPCs to ``--max-connections`` (more: RESOURCE_
 from __future__ import annotations
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from ..pipeline.service import Service
 from .servicer import InferenceServicer
+from .wire import service_handler
 
 
 def address(host: str, port: int) -> str:
@@ -28,7 +28,7 @@ async def start_grpc(service: Service, port: int, reuse_port: bool = False) -> t
                ("grpc.max_send_message_length", s.max_body_bytes),
                ("grpc.so_reuseport", 1 if reuse_port else 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=s.max_connections)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
+    server.add_generic_rpc_handlers((service_handler(InferenceServicer(service)),))
     bound = server.add_insecure_port(address(s.host, port))
     if not bound:
         raise RuntimeError(f"cannot listen for gRPC on {address(s.host, port)}")

@@ -28,6 +28,7 @@ from ..pipeline.control import check_admin, run_control
 from ..pipeline.service import Service
 from . import codec
 from .status import grpc_code
+from .wire import InferCall
 
 log = logging.getLogger("irpe.server")
 Handler = Callable[..., Awaitable[Any]]
@@ -177,11 +178,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc()
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: InferCall | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        if isinstance(request, InferCall):  # :mod:`.wire`'s split request (the tensors as views)
+            return await self.infer(request.message, request.raw or None)
         return await self.infer(request)
 
-    async def infer(self, req: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """One inference: look up and hold the version, decode and check in the pool, infer, answer."""
+    async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None) -> pb.ModelInferResponse:
+        """One inference: look up and hold the version, decode and check in the pool, infer, answer; ``raw``:
+        the request's raw tensors when they were split off (:mod:`.wire`)."""
         started = time.perf_counter()
         service = self.service
         name, version = req.model_name, req.model_version or None
@@ -191,7 +195,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             art = mv.art
             assert art is not None
             loop = asyncio.get_running_loop()
-            raw = codec.raw_inputs(req)
+            raw = codec.raw_inputs(req) if raw is None else raw
             args = (req, art, oip.max_images(service), service.shm, raw)
             images = codec.decode_infer(*args) if codec.inline(raw) else \
                 await loop.run_in_executor(service.pool, codec.decode_infer, *args)
