@@ -54,7 +54,7 @@ def inline(raw: Sequence[bytes | memoryview]) -> bool:
 def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
                  shm: SharedMemoryRegistry, raw: Sequence[bytes | memoryview] | None = None) -> np.ndarray:
     """The checked ``images`` array of an inference request (every check before any inference); ``raw``:
-    its :func:`raw_inputs` when already read (or the views :mod:`.wire` split off)."""
+    its :func:`raw_inputs` when already read (or the views :mod:`.handlers` split off)."""
     raw = raw_inputs(req) if raw is None else raw
     if len(req.inputs) != 1:
         raise ProtocolError(f"expected exactly one input {art.input_name!r}, got {len(req.inputs)}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import grpc
 
 from ..pipeline.service import Service
+from .handlers import service_handler
 from .servicer import InferenceServicer
-from .wire import service_handler
 
 
 def address(host: str, port: int) -> str:

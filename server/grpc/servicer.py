@@ -27,8 +27,8 @@ from ..pipeline import oip
 from ..pipeline.control import check_admin, run_control
 from ..pipeline.service import Service
 from . import codec
+from .handlers import InferCall
 from .status import grpc_code
-from .wire import InferCall
 
 log = logging.getLogger("irpe.server")
 Handler = Callable[..., Awaitable[Any]]
@@ -179,13 +179,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc()
     async def ModelInfer(self, request: InferCall | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        if isinstance(request, InferCall):  # :mod:`.wire`'s split request (the tensors as views)
+        if isinstance(request, InferCall):  # :mod:`.handlers`'s split request (the tensors as views)
             return await self.infer(request.message, request.raw or None)
         return await self.infer(request)
 
     async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None) -> pb.ModelInferResponse:
         """One inference: look up and hold the version, decode and check in the pool, infer, answer; ``raw``:
-        the request's raw tensors when they were split off (:mod:`.wire`)."""
+        the request's raw tensors when they were split off (:mod:`.handlers`)."""
         started = time.perf_counter()
         service = self.service
         name, version = req.model_name, req.model_version or None

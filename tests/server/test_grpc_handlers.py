@@ -1,4 +1,4 @@
-"""server/grpc/wire.py: a ModelInfer request split into its message and views of its raw tensors, equal to what
+"""server/grpc/handlers.py: a ModelInfer request split into its message and views of its raw tensors, equal to what
 protobuf parses whole; malformed bytes fail as protobuf fails them; the method table covers the service."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from irpe.server.grpc.wire import InferCall, parse_infer, service_handler
+from irpe.server.grpc.handlers import InferCall, parse_infer, service_handler
 
 
 def _request(raws: list[bytes]) -> pb.ModelInferRequest:
