@@ -117,13 +117,16 @@ def _session(ort: Any, onnx_path: Path, threads: int, device: str, spin: bool = 
 def _session_options(ort: Any, threads: int, spin: bool = False) -> Any:
     """``spin``: intra-op threads spin between the graph's parallel sections instead of sleeping. The solo
     session needs it (it runs only while the engine is idle): without it a 2-thread DeiT-Tiny batch 1 took
-    32.6 ms, as long as one thread (32.8), against 20.1 ms spinning. The shared sessions run beside image
-    decoding on the same cores, where idle ORT threads must not spin."""
+    32.6 ms, as long as one thread (32.8), against 20.1 ms spinning. It stops spinning when a run ends
+    (``session.force_spinning_stop``): the answer, and the next request, need the cores then. The shared
+    sessions run beside image decoding on the same cores, where idle ORT threads must not spin."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads or usable_cpus()
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin:  # spin inside a run only: after it the event loop must answer and read the next request
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     return so
 
 

@@ -78,6 +78,8 @@ def test_solo_session_gives_the_same_logits_and_stays_only_when_faster(tiny_arti
     spin = "session.intra_op.allow_spinning"  # the solo session spins (2 threads sleeping took 1 thread's time)
     assert keep.solo_session.get_session_options().get_session_config_entry(spin) == "1"
     assert keep.session.get_session_options().get_session_config_entry(spin) == "0"  # shared: beside decoding
+    stop = "session.force_spinning_stop"  # ... inside a run only: after it the event loop needs the cores
+    assert keep.solo_session.get_session_options().get_session_config_entry(stop) == "1"
     np.testing.assert_array_equal(keep.run_solo(x), keep.run(x))
     drop = load_engine(tiny_artifact, art, threads=1, max_batch=4, solo_threads=2)
     assert not drop.keep_solo(x, rounds=2, gain=0.0) and drop.solo_session is None
