@@ -219,7 +219,7 @@ def bytes_tensor(strings: list[str]) -> bytes:
 
 async def infer(service: Service, mv: ModelVersion, images: np.ndarray, started: float) -> np.ndarray:
     """The logits [N, classes] of checked ``images`` on ``mv``'s batcher, within the request deadline."""
-    results = await service.with_deadline(service.infer(list(images), mv), started)
+    results = await service.infer(list(images), mv, started)
     logits = np.stack([r.logits for r in results])  # type: ignore[attr-defined]
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
         raise ProtocolError("the model output is not finite for this input (values too large?)")

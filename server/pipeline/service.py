@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,7 @@ class Service:
     waiting: str = ""  # why not ready without a failure (the default model is unloaded)
     shm: SharedMemoryRegistry = field(init=False)  # client system shared memory (every front end's)
     turn: InlineTurn = field(default_factory=lambda: InlineTurn(2 * INLINE_PIXELS))
+    _images: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False)  # labeled image counters
 
     def __post_init__(self) -> None:
         self.allowed_hosts = self.settings.host_allowlist()
@@ -238,34 +240,44 @@ class Service:
             if self.budget is not None:
                 self.budget.give(pixels)
 
-    async def infer(self, arrays: list[np.ndarray], mv: ModelVersion) -> list[Result]:
+    async def infer(self, arrays: list[np.ndarray], mv: ModelVersion, started: float | None = None) -> list[Result]:
         """Queue arrays for the batcher of ``mv`` (only ever that version's); 503 with Retry-After when the
-        queue is full or the version was retired meanwhile."""
+        queue is full or the version was retired meanwhile. ``started``: 504 once --timeout-s has passed since
+        then (the batcher's own timer: no asyncio.timeout per request)."""
         if mv.batcher is None:
             raise APIError(503, "not_ready", f"model '{mv.name}' version {mv.version} is not loaded",
                            {"Retry-After": "1"})
         try:
-            results = await mv.batcher.submit(arrays)
+            results = await mv.batcher.submit(arrays, None if started is None else self._remaining(started))
         except QueueFullError as e:
             raise APIError(503, "queue_full", str(e), {"Retry-After": str(e.retry_after)}) from None
         except BatcherStoppedError as e:
             raise APIError(503, "shutting_down", str(e), {"Retry-After": "1"}) from None
+        except asyncio.TimeoutError:
+            raise self._timed_out() from None
         self.metrics.images.inc(len(results))
-        self.host.labeled.images.labels(mv.name, str(mv.version)).inc(len(results))
+        key = (mv.name, mv.version)
+        if (series := self._images.get(key)) is None:  # labels() locks and validates: look it up once
+            series = self._images[key] = self.host.labeled.images.labels(mv.name, str(mv.version))
+        series.inc(len(results))
         return results
 
     async def with_deadline(self, coro: object, started: float) -> object:
         """Await ``coro`` within the request deadline (--timeout-s from ``started``); 504 after."""
-        remaining = max(self.settings.timeout_s - (time.perf_counter() - started), 0.001)
+        remaining = self._remaining(started)
         try:
             if _TIMEOUT is None:  # Python 3.10
                 return await asyncio.wait_for(coro, remaining)  # type: ignore[arg-type]
             async with _TIMEOUT(remaining):  # in this task: no task per request, as wait_for makes
                 return await coro  # type: ignore[misc]
         except asyncio.TimeoutError:
-            raise APIError(504, "timeout", f"request not answered within {self.settings.timeout_s:g}s "
-                           "(--timeout-s)") from None
+            raise self._timed_out() from None
 
+    def _remaining(self, started: float) -> float:
+        return max(self.settings.timeout_s - (time.perf_counter() - started), 0.001)
+
+    def _timed_out(self) -> APIError:
+        return APIError(504, "timeout", f"request not answered within {self.settings.timeout_s:g}s (--timeout-s)")
 
 
 def _timed_prepare(data: bytes, art: ModelArtifact, s: Settings, budget: PixelBudget | None,
