@@ -1,4 +1,5 @@
-"""What a model control request over HTTP (``POST /v2/repository/models/{m}/load|unload``) may be.
+"""What a model control request over HTTP (``POST /v2/repository/models/{m}/load|unload``) may be; the same
+rules hold for ``POST /v2/logging`` (Triton's log settings: turning the log off hides what the server does).
 
 Refused (403) when a browser says it comes from another site: an ``Origin`` that is not this server's own
 (``Host``), or ``Sec-Fetch-Site`` other than ``same-origin`` / ``none``; and (415) when its body has a
@@ -24,12 +25,14 @@ from ..pipeline.service import Service
 from .body import read_limited
 
 CONTROL_PATH = re.compile(r"/v2/repository/models/[^/]+/(load|unload)")
+ADMIN_PATHS = frozenset({"/v2/logging"})  # besides model control: server settings
 MAX_CONTROL_BODY = 64 * 1024
 _UNLOAD_PARAMETERS = frozenset({"unload_dependents"})  # no model here has dependents
 
 
-def is_control(path: str) -> bool:
-    return CONTROL_PATH.fullmatch(path) is not None
+def is_admin_path(path: str) -> bool:
+    """Model control or a server setting: the admin key, where one is set, stands in for the inference key."""
+    return path in ADMIN_PATHS or CONTROL_PATH.fullmatch(path) is not None
 
 
 async def run(request: Request, service: Service, name: str, load: bool) -> None:
@@ -39,24 +42,30 @@ async def run(request: Request, service: Service, name: str, load: bool) -> None
 
 
 async def check_control(request: Request, service: Service, load: bool) -> None:
-    """Refuse a model control request a browser sends from another site, one without the admin key where one
-    is needed, and one whose body asks for what is not supported (APIError)."""
-    headers = request.headers
-    _same_site(headers.get("origin"), headers.get("sec-fetch-site"), headers.get("host", ""))
-    check_admin(service.settings, headers.get("authorization", ""))
-    kind = headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind and kind != "application/json":
-        raise APIError(415, "unsupported_media_type", f"model control takes a JSON body; got Content-Type {kind!r} "
-                       "(send 'Content-Type: application/json', or none)")
+    """Refuse a model control request as :func:`check_admin_call` does, and one whose body asks for what is
+    not supported (APIError)."""
+    check_admin_call(request, service, "model control")
     _parameters(await read_limited(request, MAX_CONTROL_BODY), load)
 
 
-def _same_site(origin: str | None, fetch_site: str | None, host: str) -> None:
+def check_admin_call(request: Request, service: Service, what: str) -> None:
+    """Refuse an administrative call (model control, Triton's log settings) that a browser sends from another
+    site, one without the admin key where one is needed, and one with a body that is not JSON (APIError)."""
+    headers = request.headers
+    _same_site(headers.get("origin"), headers.get("sec-fetch-site"), headers.get("host", ""), what)
+    check_admin(service.settings, headers.get("authorization", ""), what)
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind and kind != "application/json":
+        raise APIError(415, "unsupported_media_type", f"{what} takes a JSON body; got Content-Type {kind!r} "
+                       "(send 'Content-Type: application/json', or none)")
+
+
+def _same_site(origin: str | None, fetch_site: str | None, host: str, what: str) -> None:
     if fetch_site is not None and fetch_site.strip().lower() not in ("same-origin", "none"):
-        raise APIError(403, "cross_site", f"model control refused from a {fetch_site[:32]!r} page "
+        raise APIError(403, "cross_site", f"{what} refused from a {fetch_site[:32]!r} page "
                        "(Sec-Fetch-Site); call it from a script or the server's own origin")
     if origin is not None and origin.strip().lower() not in (f"http://{host.lower()}", f"https://{host.lower()}"):
-        raise APIError(403, "cross_site", f"model control refused from origin {origin[:100]!r}, not this "
+        raise APIError(403, "cross_site", f"{what} refused from origin {origin[:100]!r}, not this "
                        "server's; call it from a script or the server's own origin")
 
 

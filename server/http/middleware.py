@@ -11,7 +11,7 @@ from starlette.requests import ClientDisconnect
 
 from ..auth import bearer_matches
 from ..pipeline.service import Service
-from .control import is_control
+from .control import is_admin_path
 from .errors import error_body_for
 from .tracing import printable
 
@@ -95,9 +95,10 @@ class ObserveMiddleware:
         series[1].observe(time.perf_counter() - start)
 
     def _admin(self, scope: Scope) -> bool:
-        """A model control request with the admin key (it needs no inference key; see :mod:`.control`)."""
+        """A model control or server-settings request with the admin key (it needs no inference key; see
+        :mod:`.control`)."""
         admin = self.service.settings.admin_key
-        return bool(admin) and is_control(scope["path"]) and _authorized(scope, admin)
+        return bool(admin) and is_admin_path(scope["path"]) and _authorized(scope, admin)
 
     def _children(self, key: tuple[str, str, int]) -> tuple[Any, Any]:
         """The counter and histogram series of (route, method, status), looked up once (``labels()``

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from ..errors import APIError
 from . import kserve_codec as codec
 from .body import read_limited
+from .control import check_admin_call
 from .errors import v2_error_responses
 from .routes import service_of
 
@@ -119,9 +120,11 @@ async def logging_get() -> dict[str, Any]:
     return _logging_state()
 
 
-@router.post("/logging", responses=v2_error_responses(400, 401))
+@router.post("/logging", responses=v2_error_responses(400, 401, 403, 415))
 async def logging_set(request: Request) -> dict[str, Any]:
-    """Change the log level (``log_verbose_level`` > 0: debug; else the lowest of info, warning, error on)."""
+    """Change the log level (``log_verbose_level`` > 0: debug; else the lowest of info, warning, error on).
+    An administrative call: the admin key where one is set, else loopback only (:mod:`.control`)."""
+    check_admin_call(request, service_of(request), "changing the log settings")
     state = {**_logging_state(), **await _json(request)}
     if state["log_file"] != "" or state["log_format"] != "default":
         raise APIError(400, "unsupported", "log_file and log_format cannot be changed here (logs go to stderr)")

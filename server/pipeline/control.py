@@ -1,4 +1,5 @@
-"""Who may load and unload models, whatever the protocol, and the thread those calls run in.
+"""Who may load and unload models (and change the log settings), whatever the protocol, and the thread those
+calls run in.
 
 With ``IRPE_ADMIN_KEY`` set, model control needs it (``Bearer <admin key>``; the inference key is not
 enough, and the admin key is not an inference key). Without it, model control needs what every other call
@@ -19,18 +20,19 @@ from .service import Service
 _pool: ThreadPoolExecutor | None = None  # one thread: control calls take the host's lock one at a time anyway
 
 
-def check_admin(settings: Settings, authorization: str) -> None:
-    """APIError unless ``authorization`` may load and unload models here (see the module docstring)."""
+def check_admin(settings: Settings, authorization: str, what: str = "model control") -> None:
+    """APIError unless ``authorization`` may load and unload models here, or change other server settings
+    (``what``, named in the error; see the module docstring)."""
     if settings.admin_key:
         if not bearer_matches(authorization, settings.admin_key):
-            raise APIError(403, "forbidden", "model control needs the admin key: send 'Authorization: Bearer "
+            raise APIError(403, "forbidden", f"{what} needs the admin key: send 'Authorization: Bearer "
                            "<IRPE_ADMIN_KEY>'", {"WWW-Authenticate": "Bearer"})
         return
     if settings.api_key and not bearer_matches(authorization, settings.api_key):
         raise APIError(401, "unauthorized", "missing or wrong API key; send 'Authorization: Bearer <key>'",
                        {"WWW-Authenticate": "Bearer"})
     if not is_loopback(settings.host):
-        raise APIError(403, "forbidden", f"model control on a non-loopback bind ({settings.host}) needs an admin "
+        raise APIError(403, "forbidden", f"{what} on a non-loopback bind ({settings.host}) needs an admin "
                        "key; restart with IRPE_ADMIN_KEY=<secret> and send 'Authorization: Bearer <secret>'")
 
 

@@ -1,19 +1,43 @@
 """server/grpc/handlers.py: a ModelInfer request split into its message and views of its raw tensors, equal to what
-protobuf parses whole; malformed bytes fail as protobuf fails them; the method table covers the service."""
+protobuf parses whole; malformed bytes fail as protobuf fails them; the method table covers the service.
+
+Each check runs in its own process (``python -c``): tritonclient.grpc's messages and kserve's share the protobuf
+package ``inference``, so the test process, which imports kserve, must not import tritonclient.grpc
+(:mod:`tests.server.grpc_client`)."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from google.protobuf.message import DecodeError
-from tritonclient.grpc import service_pb2 as pb
 
-from irpe.server.grpc.handlers import InferCall, parse_infer, service_handler
+REPO = Path(__file__).resolve().parents[2]
+CHECKS = ("raw_views", "no_raw", "malformed", "mutants", "method_table")
 
 
-def _request(raws: list[bytes]) -> pb.ModelInferRequest:
+@pytest.mark.parametrize("check", CHECKS)
+def test_in_its_own_process(check: str) -> None:
+    code = f"from tests.server.test_grpc_handlers import _check_{check} as c; c(); print('passed')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("passed"), out.stderr[-3000:]
+
+
+def _modules() -> tuple[Any, Any, Any]:
+    from google.protobuf.message import DecodeError
+    from tritonclient.grpc import service_pb2 as pb
+
+    from irpe.server.grpc import handlers
+
+    return pb, DecodeError, handlers
+
+
+def _request(raws: list[bytes]) -> Any:
+    pb = _modules()[0]
     req = pb.ModelInferRequest(model_name="m", model_version="2", id="abc")
     req.parameters["priority"].int64_param = 3
     t = req.inputs.add(name="images", datatype="FP32")
@@ -23,17 +47,19 @@ def _request(raws: list[bytes]) -> pb.ModelInferRequest:
     return req
 
 
-def _joined(call: InferCall) -> pb.ModelInferRequest:
-    whole = pb.ModelInferRequest()
+def _joined(call: Any) -> Any:
+    whole = _modules()[0].ModelInferRequest()
     whole.CopyFrom(call.message)
     whole.raw_input_contents.extend(bytes(r) for r in call.raw)
     return whole
 
 
-def test_raw_tensors_are_views_of_the_received_bytes_and_the_rest_is_parsed() -> None:
+def _check_raw_views() -> None:
+    """The raw tensors are views of the received bytes; the rest is parsed."""
+    pb, _, h = _modules()
     raws = [np.arange(48, dtype="<f4").tobytes(), b"\x00" * 200_000]  # one short, one with a 3-byte length
     data = _request(raws).SerializeToString()
-    call = parse_infer(data)
+    call = h.parse_infer(data)
     assert [bytes(r) for r in call.raw] == raws
     assert all(isinstance(r, memoryview) and r.obj is data for r in call.raw)  # no copy
     assert len(call.message.raw_input_contents) == 0
@@ -41,26 +67,31 @@ def test_raw_tensors_are_views_of_the_received_bytes_and_the_rest_is_parsed() ->
     assert call.message.outputs[0].parameters["classification"].int64_param == 2
 
 
-def test_a_request_without_raw_tensors_is_protobufs_own_parse() -> None:
+def _check_no_raw() -> None:
+    """A request without raw tensors is protobuf's own parse."""
+    pb, _, h = _modules()
     req = _request([])
     req.inputs[0].contents.fp32_contents.extend([0.5] * 48)
     data = req.SerializeToString()
-    call = parse_infer(data)
+    call = h.parse_infer(data)
     assert call.raw == [] and call.message == pb.ModelInferRequest.FromString(data)
 
 
-def test_malformed_bytes_fail_as_protobuf_fails_them() -> None:
+def _check_malformed() -> None:
+    """Malformed bytes fail as protobuf fails them."""
+    pb, DecodeError, h = _modules()
     data = _request([b"x" * 1000]).SerializeToString()
     for bad in (data[:-10], data[:5] + b"\xff" * 12, b"\x3b\x00", b"\x0a\xff\xff\xff\xff\x0f"):
         with pytest.raises(DecodeError):
             pb.ModelInferRequest.FromString(bad)
         with pytest.raises(DecodeError):
-            parse_infer(bad)
+            h.parse_infer(bad)
 
 
-def test_mutated_messages_parse_alike() -> None:
+def _check_mutants() -> None:
     """Random byte flips and cuts: the split parse fails exactly when protobuf's does, and agrees with it
     when both succeed."""
+    pb, DecodeError, h = _modules()
     rng = random.Random(7)
     data = _request([b"\x01\x02\x03\x04" * 30, b"tail"]).SerializeToString()
     agreed = 0
@@ -73,25 +104,28 @@ def test_mutated_messages_parse_alike() -> None:
             want = pb.ModelInferRequest.FromString(blob)
         except DecodeError:
             with pytest.raises(DecodeError):
-                parse_infer(blob)
+                h.parse_infer(blob)
             continue
-        assert _joined(parse_infer(blob)) == want
+        assert _joined(h.parse_infer(blob)) == want
         agreed += 1
     assert agreed > 50  # the comparison ran on many parseable mutants
 
 
-def test_the_method_table_covers_every_rpc_of_the_service() -> None:
+def _check_method_table() -> None:
+    """The method table covers every RPC of the service."""
+    pb, _, h = _modules()
+
     class Everything:
         def __getattr__(self, name: str):  # noqa: ANN204
             return lambda *a: name
 
-    handler = service_handler(Everything())
+    handler = h.service_handler(Everything())
     methods = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
     assert len(methods) >= 19
     for m in methods:
         details = type("D", (), {"method": f"/inference.GRPCInferenceService/{m.name}"})()
-        h = handler.service(details)
-        assert h is not None and h.request_streaming == m.client_streaming
-        assert h.response_streaming == m.server_streaming
+        method = handler.service(details)
+        assert method is not None and method.request_streaming == m.client_streaming
+        assert method.response_streaming == m.server_streaming
     infer = handler.service(type("D", (), {"method": "/inference.GRPCInferenceService/ModelInfer"})())
-    assert infer.request_deserializer is parse_infer
+    assert infer.request_deserializer is h.parse_infer

@@ -169,3 +169,28 @@ def test_grpc_model_control_takes_the_admin_key_too(repo: Path) -> None:
 def _ready_with(url: str, model: str, key: str) -> bool:
     return httpx.get(f"{url}/v2/models/{model}/ready", headers={"authorization": f"Bearer {key}"},
                      timeout=10).status_code == 200
+
+
+def test_the_log_settings_follow_the_model_control_rules(repo: Path) -> None:
+    """POST /v2/logging (Triton's log settings; turning the log off hides what the server does) takes the admin
+    key where one is set, refuses cross-site pages and non-JSON bodies, and off loopback needs an admin key.
+    Before: the inference key changed them, from anywhere."""
+    quiet = {"log_info": False, "log_warning": False, "log_verbose_level": 0}
+    with running_server(repo, default_model="alpha", api_key="inf", admin_key="adm") as url:
+        inference, admin = ({"authorization": f"Bearer {k}"} for k in ("inf", "adm"))
+        before = httpx.get(f"{url}/v2/logging", headers=inference, timeout=10).json()
+        r = httpx.post(f"{url}/v2/logging", json=quiet, headers=inference, timeout=10)
+        assert r.status_code == 403 and "admin key" in r.json()["error"]
+        for extra in ({"origin": "http://evil.example"}, {"sec-fetch-site": "cross-site"}):
+            r = httpx.post(f"{url}/v2/logging", json=quiet, headers={**admin, **extra}, timeout=10)
+            assert r.status_code == 403 and "refused" in r.json()["error"]
+        r = httpx.post(f"{url}/v2/logging", content=b"{}", headers={**admin, "content-type": "text/plain"}, timeout=10)
+        assert r.status_code == 415
+        assert httpx.get(f"{url}/v2/logging", headers=inference, timeout=10).json() == before  # nothing changed
+        changed = httpx.post(f"{url}/v2/logging", json=quiet, headers=admin, timeout=10)
+        assert changed.status_code == 200 and changed.json()["log_info"] is False
+        restore = {k: before[k] for k in ("log_info", "log_warning", "log_error", "log_verbose_level")}
+        assert httpx.post(f"{url}/v2/logging", json=restore, headers=admin, timeout=10).json() == before
+    with running_server(repo, default_model="alpha", host="0.0.0.0", insecure=True) as url:
+        r = httpx.post(f"{url}/v2/logging", json=quiet, timeout=10)
+        assert r.status_code == 403 and "IRPE_ADMIN_KEY" in r.json()["error"]
