@@ -56,6 +56,7 @@ trap 'rm -rf "${work:-/nonexistent}"; "${podman[@]}" rm -f -t 0 "$name" >/dev/nu
 trap 'exit 130' INT
 trap 'exit 143' TERM
 rc=0
+cd "${TMPDIR:-/tmp}"  # conmon leaves an empty file named "oom" in the working directory when the cap is hit
 "${podman[@]}" run --rm --name "$name" --network host --memory "${IRPE_PA_MEMORY:-12g}" "$image" \
   timeout --kill-after=5 "$limit" /opt/pa/bin/perf_analyzer "$@" || rc=$?
 [ "$rc" != 124 ] || echo "perf-analyzer.sh: perf_analyzer ran past IRPE_PA_TIMEOUT=${limit}s and was stopped" >&2

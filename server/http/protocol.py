@@ -7,12 +7,14 @@ as they arrive and answers 431 past ``max_header_bytes``; a head not complete wi
 gets 408 (if no answer started) and the connection is closed either way; connections over
 ``max_connections`` get 503 and are closed at once. Each check is a counter or a timer per request.
 
-A body whose declared Content-Length is at most ``whole_body_bytes`` (and within ``--max-body-mb``) is
+A POST to an inference route (``.../infer``, ``/classify``: the routes that read their whole body once the key
+is checked) whose declared Content-Length is at most ``whole_body_bytes`` (and within ``--max-body-mb``) is
 collected whole before the application is woken: one ASGI message holding the received chunks joined once
 (a body that came in one read is passed on as it is). uvicorn's own path pauses reading past 64 KB until the
 application asks again, so a 600 KB tensor took several pause/resume round trips through the event loop and
-was copied three times (into a bytearray, out as bytes, joined by the reader). Bodies of unknown or larger
-size keep that path.
+was copied three times (into a bytearray, out as bytes, joined by the reader). Other routes, and bodies of
+unknown or larger size, keep that path; a request answered before its body is in (401, 404) drops what was
+collected, as uvicorn drops a body after the answer.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..config import Settings
 from .transport import OneWriteTransport
 
 log = logging.getLogger("irpe.server")
+WHOLE_BODY_ROUTES = ("/infer", "/classify")  # POST routes that read their whole body (module docstring)
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head, self._head_bytes = False, 0
         self._arm(self.limits.body_timeout_s, "body")
         super().on_headers_complete()
+        self._chunks = [] if self._collect_whole() else None
+
+    def _collect_whole(self) -> bool:
+        """Whether this request's body is collected whole (see the module docstring)."""
+        scope = self.scope
+        if self.cycle is None or scope.get("method") != "POST" or not scope["path"].endswith(WHOLE_BODY_ROUTES):
+            return False
         declared = [v for k, v in self.headers if k == b"content-length"]
-        whole = len(declared) == 1 and declared[0].isdigit() and 0 < int(declared[0]) <= self.limits.whole_body_bytes
-        self._chunks = [] if whole and self.cycle is not None and not self.parser.should_upgrade() else None
+        return len(declared) == 1 and declared[0].isdigit() and 0 < int(declared[0]) <= self.limits.whole_body_bytes
 
     def on_body(self, body: bytes) -> None:
         if self._chunks is None or self.cycle is None or self.cycle.response_complete:

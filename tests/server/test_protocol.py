@@ -53,8 +53,8 @@ async def _serve_one(request: bytes, pieces: int, settings: Settings) -> tuple[l
     return messages, got
 
 
-def _post(body: bytes, headers: bytes = b"") -> bytes:
-    return b"POST /x HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\n%s\r\n" % (len(body), headers) + body
+def _post(body: bytes, headers: bytes = b"", path: bytes = b"/v2/models/m/infer") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\n%s\r\n" % (path, len(body), headers) + body
 
 
 def test_a_declared_body_split_on_the_wire_is_one_message() -> None:
@@ -63,8 +63,18 @@ def test_a_declared_body_split_on_the_wire_is_one_message() -> None:
     assert len(messages) == 1 and messages[0]["more_body"] is False and messages[0]["body"] == BODY
 
 
+def test_other_routes_keep_uvicorns_path() -> None:
+    """Only the inference routes (which read their whole body once the key is checked) collect it first."""
+    messages, answer = asyncio.run(_serve_one(_post(BODY, path=b"/classify"), 12, Settings()))
+    assert len(messages) == 1 and messages[0]["body"] == BODY
+    for path in (b"/v2/repository/index", b"/v2/models/m/infer/x"):
+        messages, answer = asyncio.run(_serve_one(_post(BODY, path=path), 12, Settings()))
+        assert answer.endswith(b"\r\n\r\n602112")
+        assert len(messages) > 1 and b"".join(m["body"] for m in messages) == BODY
+
+
 def test_expect_100_continue_still_gets_its_interim_answer() -> None:
-    head = b"POST /x HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\nexpect: 100-continue\r\n\r\n" % len(BODY)
+    head = b"POST /classify HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\nexpect: 100-continue\r\n\r\n" % len(BODY)
 
     async def main() -> tuple[list[dict[str, Any]], bytes]:
         return await _serve_one(head + BODY, 6, Settings())
@@ -87,7 +97,7 @@ def test_a_body_over_the_whole_body_size_keeps_uvicorns_path() -> None:
 def test_a_chunked_body_keeps_uvicorns_path() -> None:
     pieces = [BODY[i:i + 100000] for i in range(0, len(BODY), 100000)]
     chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
-    request = b"POST /x HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\n\r\n" + chunked
+    request = b"POST /classify HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\n\r\n" + chunked
     messages, answer = asyncio.run(_serve_one(request, 12, Settings()))
     assert answer.endswith(b"\r\n\r\n602112")
     assert len(messages) > 1 and b"".join(m["body"] for m in messages) == BODY
