@@ -137,15 +137,16 @@ async def list_models(request: Request) -> dict[str, list[str]]:
 
 @router.get("/models/stats", responses=v2_error_responses(401))
 async def all_stats(request: Request) -> dict[str, Any]:
-    """Triton's statistics extension for every model (counters and nanosecond durations of the batcher)."""
-    return oip.statistics(service_of(request))
+    """Triton's statistics extension for every model (counters and nanosecond durations of the batcher); in a
+    thread, as over gRPC: with ``--frontends`` the engine process is asked (up to 2 s when it is stalled)."""
+    return await asyncio.to_thread(oip.statistics, service_of(request))
 
 
 @router.get("/models/{name}/stats", responses=_MODEL_ERRORS)
 @router.get("/models/{name}/versions/{version}/stats", responses=_MODEL_ERRORS)
 async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
-    """Triton's statistics extension for one model."""
-    return oip.statistics(service_of(request), name, version)
+    """Triton's statistics extension for one model (in a thread: see :func:`all_stats`)."""
+    return await asyncio.to_thread(oip.statistics, service_of(request), name, version)
 
 
 @router.get("/models/{name}", responses=_MODEL_ERRORS)

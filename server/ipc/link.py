@@ -239,7 +239,7 @@ class RemoteStats(ModelStats):
     def to_triton(self, name: str, version: str = "1", reasons: bool = False) -> dict[str, Any]:
         try:
             reply = self.link.request({"op": wire.STATS, **self.route}, timeout=STATS_TIMEOUT_S)
-        except OSError:
+        except (OSError, EngineGoneError):  # no answer in time, or no engine: this front end's own counters
             reply = {}
         if reply.get("stats"):
             out = {**reply["stats"], "name": name, "version": version}

@@ -239,3 +239,30 @@ def test_a_model_that_cannot_load_is_one_line_and_nothing_announced(tiny_artifac
     assert proc.returncode == 3, out
     assert len(lines) == 1 and "cannot load the model" in lines[0] and "--device cuda" in lines[0], lines
     assert not _alive_children(proc)
+
+
+def test_stats_from_a_stalled_engine_do_not_stall_the_front_end(tiny_artifact: Path) -> None:
+    """/v2 statistics ask the engine process (up to 2 s when it does not answer). Asked in a thread, the front
+    end's other requests go on meanwhile; before, its event loop waited the 2 s (a liveness probe too)."""
+    proc, url = _serve(tiny_artifact, "--frontends", "1")
+    try:
+        wait_ready(url, timeout=60)
+        engine = _children(proc)["irpe-engine"]
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            with ThreadPoolExecutor(2) as ex:
+                stats = ex.submit(lambda: httpx.get(url + "/v2/models/stats", timeout=30))
+                metrics = ex.submit(lambda: httpx.get(url + "/metrics", timeout=30))
+                time.sleep(0.3)  # both calls are waiting on the engine now
+                start = time.monotonic()
+                live = httpx.get(url + "/v2/health/live", timeout=30)
+                waited = time.monotonic() - start
+                answer, scrape = stats.result(timeout=30), metrics.result(timeout=30)
+        finally:
+            os.kill(engine, signal.SIGCONT)
+        assert live.status_code == 200 and waited < 1.0, waited
+        # this front end's own counters, not a 500 (before: the link's timeout error escaped)
+        assert answer.status_code == 200 and answer.json()["model_stats"], answer.text
+        assert scrape.status_code == 200 and "nv_inference_count" in scrape.text
+    finally:
+        _stop(proc)
