@@ -73,25 +73,13 @@ def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | 
     OpenVINO runs it); ``int8`` replaces model.onnx by its calibrated QDQ form (see :mod:`.precision`);
     ``calibration_options``: :func:`irpe.export.precision.reduced_precision` keywords."""
     formats = parse_formats(formats)
-    if int8 and not calibration:
-        raise ExportError("--int8 needs calibration images: --calibration digits or --calibration DIR")
-    if int8 and fp16:
-        raise ExportError("--int8 quantizes the fp32 graph (float parts stay fp32); drop --fp16")
-    if max_batch < 1:
-        raise ExportError(f"--max-batch must be >= 1, got {max_batch}")
     out_dir, checkpoint = Path(out_dir), Path(checkpoint)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"{out_dir}: exists and is not a directory; pass -o a directory to write")
+    _check_options(out_dir, int8=int8, fp16=fp16, calibration=calibration, max_batch=max_batch)
     log = Progress(progress)
     with log.step(f"loading {checkpoint}"):
         model, info, raw = _load(checkpoint, name, dict(overrides or {}))
-    cfg = info.config
-    pp = metadata.preprocess_for(cfg.img_size, raw.get("preprocess"))
-    art = ModelArtifact(
-        name=info.name, architecture=metadata.architecture(info.name, cfg), img_size=cfg.img_size,
-        num_classes=cfg.num_classes, preprocess=pp, labels=metadata.labels_for(cfg.num_classes, info.class_names),
-        opset=opset, input_name=INPUT_NAME, output_name=OUTPUT_NAME, rpe_plugin=rpe_plugin,
-        checkpoint_sha256=file_sha256(checkpoint), versions=metadata.tool_versions())
+    art = _new_artifact(info, raw, checkpoint, opset=opset, rpe_plugin=rpe_plugin)
+    pp = art.preprocess
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx_path = out_dir / art.onnx_file
     with log.step(f"building the ONNX graph ({info.name}, opset {opset}{', fp16' if fp16 else ''}"
@@ -114,6 +102,29 @@ def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | 
     _extra_formats(art, out_dir, formats, max_batch=max_batch, fp16=fp16, log=log,
                    tensorrt_onnx=lambda: _tensorrt_onnx(model, proto, out_dir, opset=opset, fp16=fp16, pp=pp))
     return out_dir
+
+
+def _check_options(out_dir: Path, *, int8: bool, fp16: bool, calibration: str | None, max_batch: int) -> None:
+    """ExportError naming the fix for options that cannot go together, before anything is loaded."""
+    if int8 and not calibration:
+        raise ExportError("--int8 needs calibration images: --calibration digits or --calibration DIR")
+    if int8 and fp16:
+        raise ExportError("--int8 quantizes the fp32 graph (float parts stay fp32); drop --fp16")
+    if max_batch < 1:
+        raise ExportError(f"--max-batch must be >= 1, got {max_batch}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"{out_dir}: exists and is not a directory; pass -o a directory to write")
+
+
+def _new_artifact(info: Any, raw: dict[str, Any], checkpoint: Path, *, opset: int, rpe_plugin: bool) -> ModelArtifact:
+    """model.json's contract for the loaded checkpoint (parity and hashes of the ONNX file come later)."""
+    cfg = info.config
+    return ModelArtifact(
+        name=info.name, architecture=metadata.architecture(info.name, cfg), img_size=cfg.img_size,
+        num_classes=cfg.num_classes, preprocess=metadata.preprocess_for(cfg.img_size, raw.get("preprocess")),
+        labels=metadata.labels_for(cfg.num_classes, info.class_names), opset=opset, input_name=INPUT_NAME,
+        output_name=OUTPUT_NAME, rpe_plugin=rpe_plugin, checkpoint_sha256=file_sha256(checkpoint),
+        versions=metadata.tool_versions())
 
 
 def _reduced_precision(model: Any, art: ModelArtifact, out_dir: Path, calibration: str, *, int8: bool, opset: int,
