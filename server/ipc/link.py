@@ -256,11 +256,12 @@ class RemoteBatcher:
         self.link, self.crop, self.route, self.max_queue = link, crop, route, max_queue
         self.stats = RemoteStats(link, route)
         self._stopping = False
+        self._in_flight = 0  # this version's images sent and not answered (event-loop owned)
 
     @property
     def depth(self) -> int:
-        """Images this front end has handed to the engine and not yet got back (all versions)."""
-        return self.link.depth
+        """Images this front end has handed to the engine for this version and not yet got back."""
+        return self._in_flight
 
     @property
     def stopping(self) -> bool:
@@ -274,13 +275,16 @@ class RemoteBatcher:
         """Nothing to start: the engine runs the batches."""
 
     async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]:
-        """Run ``images`` on this model version in the engine process (``timeout``: the engine's)."""
+        """Run ``images`` on this model version in the engine process (``timeout``: the engine's, which holds
+        the request's deadline and answers 504 itself)."""
         started, ok = time.perf_counter(), False
+        self._in_flight += len(images)
         try:
             results = await self.link.submit(images, self.crop, self.route)
             ok = True
             return results
         finally:
+            self._in_flight -= len(images)
             self.stats.request(ok, time.perf_counter() - started)
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:

@@ -266,3 +266,32 @@ def test_stats_from_a_stalled_engine_do_not_stall_the_front_end(tiny_artifact: P
         assert scrape.status_code == 200 and "nv_inference_count" in scrape.text
     finally:
         _stop(proc)
+
+
+def test_the_deadline_and_each_versions_queue_depth_through_the_engine_process(tmp_path: Path) -> None:
+    """--timeout-s answers 504 for /v2 infer when the engine process is slower, and a version's queue depth
+    counts only its own images (before: every version showed all the images this front end had in flight)."""
+    for name in ("a", "b"):
+        make_slow_artifact(tmp_path / "repo" / name / "1", matmuls=120)  # about 1.2 s a batch
+    # --threads 2: no all-core solo session, whose warm-up would time 16 more runs of each engine
+    proc, url = _serve(tmp_path / "repo", "--frontends", "1", "--timeout-s", "0.5", "--threads", "2",
+                       "--default-model", "a")
+    try:
+        wait_ready(url, timeout=90)
+        x = np.zeros((1, 3, CROP, CROP), np.float32)
+        body = {"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+        start = time.monotonic()
+        r = httpx.post(url + "/v2/models/a/infer", json=body, timeout=30)
+        assert r.status_code == 504 and "--timeout-s" in r.json()["error"], r.text
+        assert time.monotonic() - start < 1.1
+        with ThreadPoolExecutor(2) as ex:
+            busy = [ex.submit(lambda: httpx.post(url + "/v2/models/a/infer", json=body, timeout=30))
+                    for _ in range(2)]
+            time.sleep(0.2)
+            text = httpx.get(url + "/metrics", timeout=30).text
+            assert [r.result(timeout=30).status_code for r in busy] == [504, 504]
+        depth = {line.split('model="')[1].split('"')[0]: float(line.split()[-1])
+                 for line in text.splitlines() if line.startswith("irpe_model_queue_depth{")}
+        assert depth == {"a": 2.0, "b": 0.0}, depth
+    finally:
+        _stop(proc)
