@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from .protowire import Malformed, fields
 
 MAX_DEPTH = 100
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
@@ -41,10 +42,6 @@ class ExternalTensor:
     location: str
 
 
-class _Malformed(Exception):
-    """Not well-formed protobuf (left to the runtime, which refuses it)."""
-
-
 class TooDeep(ValueError):
     """Messages nested deeper than MAX_DEPTH."""
 
@@ -58,7 +55,7 @@ def external_tensors(path: str | Path) -> list[ExternalTensor]:
             found: list[ExternalTensor] = []
             try:
                 _walk(buf, 0, len(buf), "model", 0, found)
-            except _Malformed:
+            except Malformed:  # left to the runtime, which refuses it
                 return []
             return found
 
@@ -70,7 +67,7 @@ def _walk(buf: mmap.mmap, start: int, end: int, kind: str, depth: int, found: li
         _tensor(buf, start, end, found)
         return
     children = _CHILDREN[kind]
-    for number, wire, a, b in _fields(buf, start, end):
+    for number, wire, a, b, _ in fields(buf, start, end):
         if wire == 2 and number in children:
             _walk(buf, a, b, children[number], depth + 1, found)
 
@@ -78,79 +75,15 @@ def _walk(buf: mmap.mmap, start: int, end: int, kind: str, depth: int, found: li
 def _tensor(buf: mmap.mmap, start: int, end: int, found: list[ExternalTensor]) -> None:
     """Record the tensor if it is external (data_location EXTERNAL, or any external_data entry at all)."""
     name, location, external = "", "", False
-    for number, wire, a, b in _fields(buf, start, end):
+    for number, wire, a, b, _ in fields(buf, start, end):
         if number == 8 and wire == 2:
             name = buf[a:b].decode("utf-8", "replace")
         elif number == 13 and wire == 2:
             external = True
-            entry = {k: buf[x:y] for k, w, x, y in _fields(buf, a, b) if w == 2 and k in (1, 2)}
+            entry = {k: buf[x:y] for k, w, x, y, _ in fields(buf, a, b) if w == 2 and k in (1, 2)}
             if entry.get(1) == b"location":
                 location = entry.get(2, b"").decode("utf-8", "replace")
         elif number == 14 and wire == 0 and a == _EXTERNAL:
             external = True
     if external:
         found.append(ExternalTensor(name, location))
-
-
-def _varint(buf: mmap.mmap, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < end and shift < 64:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise _Malformed
-
-
-def _fields(buf: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, wire type, a, b) per field: a varint's value in ``a``, a length-delimited field's
-    bytes at ``buf[a:b]``; fixed-width fields and groups are skipped over."""
-    pos = start
-    while pos < end:
-        key, pos = _varint(buf, pos, end)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise _Malformed
-        if wire == 0:
-            value, pos = _varint(buf, pos, end)
-            yield number, 0, value, pos
-        elif wire == 2:
-            length, pos = _varint(buf, pos, end)
-            if length > end - pos:
-                raise _Malformed
-            yield number, 2, pos, pos + length
-            pos += length
-        elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-        elif wire == 3:
-            pos = _skip_group(buf, pos, end, number)
-        else:
-            raise _Malformed
-    if pos != end:
-        raise _Malformed
-
-
-def _skip_group(buf: mmap.mmap, pos: int, end: int, number: int) -> int:
-    """Position after the END_GROUP that closes group ``number`` (deprecated wire types 3/4)."""
-    depth = 1
-    while pos < end:
-        key, pos = _varint(buf, pos, end)
-        wire = key & 7
-        if wire == 0:
-            pos = _varint(buf, pos, end)[1]
-        elif wire == 2:
-            length, pos = _varint(buf, pos, end)
-            pos += length
-        elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-        elif wire == 3:
-            depth += 1
-        elif wire == 4:
-            depth -= 1
-            if depth == 0:
-                return pos
-        else:
-            raise _Malformed
-    raise _Malformed

@@ -5,7 +5,8 @@ The table is built from the service descriptor (the messages of ``tritonclient.g
 before protobuf parses it. Its ``raw_input_contents`` (field 7, the tensor bytes: 600 KB for one 224 px image)
 become views of the received buffer, and protobuf parses only the rest (names, shapes, parameters). Parsing
 the whole message copied the tensor once into the message and once more when read out of it.
-Anything the scan does not understand is handed to protobuf whole, so a malformed message fails as before.
+Anything the scan (:mod:`irpe.artifact.protowire`, the wire format read without a schema) does not
+understand is handed to protobuf whole, so a malformed message fails as before.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
+
+from irpe.artifact.protowire import Malformed, fields
 
 SERVICE = "inference.GRPCInferenceService"
 RAW_INPUT_CONTENTS = 7  # ModelInferRequest.raw_input_contents: repeated bytes
@@ -30,48 +33,19 @@ class InferCall:
 
 def parse_infer(data: bytes) -> InferCall:
     """Split a serialized ModelInferRequest (see the module docstring)."""
-    spans, pos, end = [], 0, len(data)
     try:
-        while pos < end:
-            start = pos
-            key, pos = _varint(data, pos)
-            kind = key & 7
-            if kind == 2:
-                length, pos = _varint(data, pos)
-                if key >> 3 == RAW_INPUT_CONTENTS:
-                    spans.append((start, pos, pos + length))
-                pos += length
-            elif kind == 0:
-                pos = _varint(data, pos)[1]
-            elif kind in (1, 5):
-                pos += 8 if kind == 1 else 4
-            else:
-                raise ValueError(kind)
-        if pos != end:
-            raise ValueError(pos)
-    except (ValueError, IndexError):
-        return InferCall(pb.ModelInferRequest.FromString(data))  # protobuf's own error, or its own answer
-    if not spans:
+        spans = [(at, a, b) for number, wire, a, b, at in fields(data, 0, len(data))
+                 if number == RAW_INPUT_CONTENTS and wire == 2]
+    except Malformed:
+        spans = []
+    if not spans:  # nothing to split off, or not well-formed: protobuf's own parse, answer or error
         return InferCall(pb.ModelInferRequest.FromString(data))
     view, rest, last = memoryview(data), [], 0
-    for start, _, stop in spans:
-        rest.append(view[last:start])
-        last = stop
+    for at, _, end in spans:
+        rest.append(view[last:at])
+        last = end
     rest.append(view[last:])
-    return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), [view[b:s] for _, b, s in spans])
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
+    return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), [view[a:b] for _, a, b in spans])
 
 
 def service_handler(servicer: Any) -> grpc.GenericRpcHandler:

@@ -202,3 +202,26 @@ def client_shm_region(tag: str, size: int = 64 * 1024) -> Iterator[tuple[str, ob
         yield key, handle
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+async def protocol_over_socketpair(app: object, settings: object | None = None) -> tuple[object, object, object]:
+    """irpe serve's HTTP protocol (:func:`irpe.server.http.protocol.protocol_factory`) serving the ASGI ``app``
+    on one end of a real socket pair, in the running loop: (the protocol, its transport, the peer socket,
+    non-blocking)."""
+    import asyncio
+    import socket
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from irpe.server.config import Settings
+    from irpe.server.http.protocol import protocol_factory
+
+    config = uvicorn.Config(app, http=protocol_factory(settings or Settings()), log_level="warning", lifespan="off")
+    config.load()
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+    transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
+    return proto, transport, theirs

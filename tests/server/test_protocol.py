@@ -5,11 +5,11 @@ are the ones sent."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 from irpe.server.config import Settings
-from irpe.server.http.protocol import Limits, protocol_factory
+from irpe.server.http.protocol import Limits
+from tests.server.helpers import protocol_over_socketpair
 
 BODY = bytes(range(256)) * 2352  # 602,112 bytes: one 224 px FP32 image
 
@@ -17,9 +17,6 @@ BODY = bytes(range(256)) * 2352  # 602,112 bytes: one 224 px FP32 image
 async def _serve_one(request: bytes, pieces: int, settings: Settings) -> tuple[list[dict[str, Any]], bytes]:
     """Send ``request`` in ``pieces`` writes (each its own read on the server side) to irpe's HTTP protocol,
     and return the ASGI ``http.request`` messages the application received and the answer."""
-    import uvicorn
-    from uvicorn.server import ServerState
-
     messages: list[dict[str, Any]] = []
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -34,13 +31,8 @@ async def _serve_one(request: bytes, pieces: int, settings: Settings) -> tuple[l
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(size))]})
         await send({"type": "http.response.body", "body": size})
 
-    config = uvicorn.Config(app, http=protocol_factory(settings), log_level="warning", lifespan="off")
-    config.load()
+    _, transport, theirs = await protocol_over_socketpair(app, settings)
     loop = asyncio.get_running_loop()
-    ours, theirs = socket.socketpair()
-    theirs.setblocking(False)
-    proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
-    transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
     step = -(-len(request) // pieces)
     for start in range(0, len(request), step):
         await loop.sock_sendall(theirs, request[start:start + step])

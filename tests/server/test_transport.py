@@ -88,11 +88,7 @@ def test_other_writes_pass_through_at_once() -> None:
 def test_the_server_protocol_writes_through_it_and_answers_in_one_write() -> None:
     """irpe serve's HTTP protocol (protocol_factory) puts OneWriteTransport on each connection: a real ASGI
     answer over a real socket arrives whole, and the connection's writes are one per answer."""
-    import uvicorn
-    from uvicorn.server import ServerState
-
-    from irpe.server.config import Settings
-    from irpe.server.http.protocol import protocol_factory
+    from tests.server.helpers import protocol_over_socketpair
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         if scope["type"] == "http":
@@ -100,13 +96,8 @@ def test_the_server_protocol_writes_through_it_and_answers_in_one_write() -> Non
             await send({"type": "http.response.body", "body": b"hello"})
 
     async def main() -> tuple[bool, list[bytes], bytes]:
-        config = uvicorn.Config(app, http=protocol_factory(Settings()), log_level="warning", lifespan="off")
-        config.load()
+        proto, transport, theirs = await protocol_over_socketpair(app)
         loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair()
-        theirs.setblocking(False)
-        proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
-        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
         wrapped = isinstance(proto.transport, OneWriteTransport)
         writes: list[bytes] = []
         real_write = transport.write
