@@ -22,6 +22,14 @@ import numpy as np
 ROWS_PERM = [2, 3, 0, 1]  # (N, H, n, K') -> (n, K', N, H) and (n, n, N, H) -> (N, H, n, n)
 
 
+def read_model(core: Any, onnx_path: Any) -> Any:
+    """``onnx_path`` read by ``core`` (an ``openvino.Core``) as an ``openvino.Model``, its lookups rewritten:
+    how the server's engine, the export's bf16 fidelity check and the benches read an artifact."""
+    model = core.read_model(str(onnx_path))
+    last_axis_lookups(model)
+    return model
+
+
 def last_axis_lookups(model: Any) -> int:
     """Rewrite every row-layout lookup of ``model`` (an ``openvino.Model``) in place; the number rewritten."""
     import openvino.opset13 as ops

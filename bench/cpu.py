@@ -124,15 +124,13 @@ def runners(fp32: Path, int8: Path, calib: np.ndarray, threads: int, paths: Sequ
     """Every requested path that can run here (OpenVINO paths need the [cpu] extra)."""
     import openvino as ov
 
-    from irpe.artifact.openvino_graph import last_axis_lookups
+    from irpe.artifact.openvino_graph import read_model
 
     out: dict[str, Runner] = {}
     core = ov.Core()
 
     def read(path: str) -> Any:  # as the server's OpenVINO engine reads model.onnx
-        model = core.read_model(path)
-        last_axis_lookups(model)
-        return model
+        return read_model(core, path)
     table: dict[str, Callable[[], Runner | None]] = {
         "ort-fp32": lambda: _ort(fp32 / "model.onnx", threads),
         "ov-fp32": lambda: _ov(read(str(fp32 / "model.onnx")), "fp32", threads),

@@ -145,13 +145,11 @@ def openvino_compiled(onnx_path: str | Path, precision: str) -> Any:
     server reads it."""
     import openvino as ov
 
-    from irpe.artifact.openvino_graph import last_axis_lookups
+    from irpe.artifact.openvino_graph import read_model
 
-    core = ov.Core()
-    model = core.read_model(str(onnx_path))
-    last_axis_lookups(model)  # the graph the server's OpenVINO engine runs
+    model = read_model(ov.Core(), onnx_path)  # the graph the server's OpenVINO engine runs
     hint = "bf16" if precision == "bf16" else "f32"
-    return core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"})
+    return ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"})
 
 
 def openvino_available() -> bool:

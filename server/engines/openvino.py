@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from irpe.artifact import ModelArtifact
-from irpe.artifact.openvino_graph import last_axis_lookups
+from irpe.artifact.openvino_graph import read_model
 
 from .base import EngineError, EngineInfo, batch_sizes
 
@@ -100,14 +100,6 @@ def compile_config(precision: str, threads: int, streams: int) -> dict[str, Any]
             "ENABLE_CPU_PINNING": "NO"}
 
 
-def read_onnx(core: Any, onnx_path: str | Path) -> Any:
-    """``onnx_path`` as an ``openvino.Model``, its iRPE lookups in OpenVINO's fast form
-    (:mod:`irpe.artifact.openvino_graph`)."""
-    model = core.read_model(str(onnx_path))
-    last_axis_lookups(model)
-    return model
-
-
 def compile_onnx(onnx_path: str | Path, *, precision: str = "fp32", threads: int = 0, streams: int = 1) -> Any:
     """An OpenVINO CompiledModel of ``onnx_path`` on the CPU (no artifact needed; used by benches and tests)."""
     ov = import_openvino()
@@ -117,7 +109,7 @@ def compile_onnx(onnx_path: str | Path, *, precision: str = "fp32", threads: int
         core.set_property({"CACHE_DIR": cache})
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, streams))
     try:
-        return core.compile_model(read_onnx(core, onnx_path), "CPU", compile_config(precision, threads, streams))
+        return core.compile_model(read_model(core, onnx_path), "CPU", compile_config(precision, threads, streams))
     except Exception as e:  # OpenVINO raises RuntimeError subclasses with multi-line messages
         raise EngineError(f"{onnx_path}: OpenVINO cannot compile it ({str(e).strip().splitlines()[0][:200]}); "
                           "re-run `irpe export` or use --backend onnxruntime") from None
