@@ -31,6 +31,7 @@ from .stats import ModelStats
 
 log = logging.getLogger("irpe.server")
 _REQUESTS = itertools.count(1)
+deaths = 0  # inference threads of any batcher in this process that ended while not stopping (see alive())
 
 
 class QueueFullError(Exception):
@@ -141,7 +142,8 @@ class Batcher:
         self._busy = 0  # batches in flight
         self._per_image_s = 0.0
         self.stats = ModelStats()
-        self._threads = [threading.Thread(target=self._loop, name=f"irpe-inference-{i}", daemon=True)
+        self._dead = False  # set by an inference thread that ends while not stopping
+        self._threads = [threading.Thread(target=self._thread, name=f"irpe-inference-{i}", daemon=True)
                          for i in range(max(1, workers))]
 
     @property
@@ -161,8 +163,9 @@ class Batcher:
             return sum(1 for i in self._queue if i.first and not i.future.done())
 
     def alive(self) -> bool:
-        """False when an inference thread died (an error outside the engine call) while not stopping."""
-        return self._stopping or not any(t.ident is not None and not t.is_alive() for t in self._threads)
+        """False when an inference thread died (an error outside the engine call) while not stopping. A flag the
+        thread sets as it ends: every request asks, and walking the threads' ``is_alive`` cost a lock each."""
+        return self._stopping or not self._dead
 
     def start(self) -> None:
         """Start the inference thread(s)."""
@@ -234,6 +237,15 @@ class Batcher:
             if remaining <= 0:
                 return
             self._cond.wait(remaining)
+
+    def _thread(self) -> None:
+        global deaths
+        try:
+            self._loop()
+        finally:
+            if not self._stopping:
+                self._dead = True
+                deaths += 1
 
     def _loop(self) -> None:
         while (taken := self._take()) is not None:

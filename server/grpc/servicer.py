@@ -13,7 +13,6 @@ import asyncio
 import functools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -204,7 +203,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if ref is not None:
                 oip.shm_output(service.shm, ref, art.output_name, logits)
             return codec.encode_infer(req, logits, -1 if ref else k, art, mv.name, str(mv.version),
-                                      req.id or uuid.uuid4().hex)
+                                      req.id or oip.random_id())
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:

@@ -26,6 +26,7 @@ import numpy as np
 
 from irpe.artifact import ArtifactError, load_artifact
 
+from .. import batching
 from ..batching import Batcher
 from ..config import Settings
 from ..engines import EngineError, load_engine, warm_up
@@ -96,6 +97,8 @@ class LocalHost(ModelHost):
         return reasons[0] if reasons else "warm-up failed"
 
     def fatal(self) -> str:
+        if not batching.deaths:  # asked per request: no inference thread has ended, nothing to look up
+            return ""
         mv = self.newest(self.default_name()) if self.started else None
         if mv is not None and mv.batcher is not None and not mv.batcher.alive():
             return "an inference worker thread stopped (see the server log); restart the server"

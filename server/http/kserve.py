@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ HEADER_LEN = "inference-header-content-length"
 
 
 def _request_id(request: Request) -> str:
-    return getattr(request.state, "request_id", "") or uuid.uuid4().hex
+    return getattr(request.state, "request_id", "") or oip.random_id()
 
 
 def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifact, limit: int,

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from ..pipeline.oip import random_id
 
 log = logging.getLogger("irpe.server")
 access = logging.getLogger("irpe.access")
@@ -80,13 +81,7 @@ def printable(text: str, limit: int = MAX_LOGGED) -> str:
 def request_id_from(value: str | None) -> str:
     """The client's ``X-Request-Id`` when it is a short printable token, else a new random one."""
     value = (value or "").strip()
-    return value if _REQUEST_ID.match(value) else _hex(128)
-
-
-def _hex(bits: int) -> str:
-    """A random id of ``bits`` bits in lower-case hex (``random.getrandbits``, as OpenTelemetry's own id
-    generator: ids need to be unique, not secret; ``secrets`` costs a getrandom syscall each)."""
-    return f"{random.getrandbits(bits) or 1:0{bits // 4}x}"
+    return value if _REQUEST_ID.match(value) else random_id(128)
 
 
 def otlp_tracer() -> Any:
@@ -148,7 +143,7 @@ class TraceMiddleware:
             ctx = span.get_span_context()
             mine = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{int(ctx.trace_flags):02x}")
         else:
-            mine = TraceParent(parent.trace_id if parent else _hex(128), _hex(64),
+            mine = TraceParent(parent.trace_id if parent else random_id(128), random_id(64),
                                parent.flags if parent else "01")
         extra = [(b"x-request-id", request_id.encode()), (b"traceparent", mine.header().encode())]
         if parent is not None and (state := valid_tracestate(headers.get(b"tracestate"))):

@@ -10,6 +10,7 @@ Any refusal is a :class:`ProtocolError` (an :class:`~..errors.APIError`: 400, 41
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -153,6 +154,13 @@ def repository_index(service: Service, ready_only: bool = False) -> list[dict[st
     return [e for e in service.host.index() if not ready_only or e.get("state") == "READY"]
 
 
+def random_id(bits: int = 128) -> str:
+    """A random id of ``bits`` bits in lower-case hex: an answer's ``id`` when the request had none, request and
+    trace ids (``random.getrandbits``, as OpenTelemetry's own id generator: ids need to be unique, not secret;
+    ``uuid4`` and ``secrets`` cost a getrandom syscall each)."""
+    return f"{random.getrandbits(bits) or 1:0{bits // 4}x}"
+
+
 def max_images(service: Service) -> int:
     """The most images one inference request may carry: the model config's ``max_batch_size``, enforced by
     :func:`check_images` (``--max-images``, at most ``--max-queue``)."""
@@ -220,7 +228,7 @@ def bytes_tensor(strings: list[str]) -> bytes:
 async def infer(service: Service, mv: ModelVersion, images: np.ndarray, started: float) -> np.ndarray:
     """The logits [N, classes] of checked ``images`` on ``mv``'s batcher, within the request deadline."""
     results = await service.infer(list(images), mv, started)
-    logits = np.stack([r.logits for r in results])  # type: ignore[attr-defined]
+    logits = results[0].logits[None] if len(results) == 1 else np.stack([r.logits for r in results])
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
         raise ProtocolError("the model output is not finite for this input (values too large?)")
     return logits

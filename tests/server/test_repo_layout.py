@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from irpe.server.hosting.host import ModelVersion
 from irpe.server.hosting.layout import RepositoryError, VersionPolicy, check_layout, read_config, scan
 from irpe.server.hosting.local import InferenceSlots
 from tests.server.helpers import make_artifact
@@ -81,10 +82,46 @@ def test_a_busy_model_does_not_starve_another() -> None:
     assert order.index("b") - before <= 2, order
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path) -> None:
+def _kill_inference_thread(mv: ModelVersion) -> None:
+    """End ``mv``'s only inference thread by an error outside the engine call (a result of the wrong length)."""
     import asyncio
 
+    batcher = mv.batcher
+    assert batcher is not None
+    batcher._run = batcher._solo = lambda x: np.zeros((0, 10), np.float32)  # IndexError in the thread
+
+    async def submit() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(batcher.submit([np.zeros((3, 32, 32), np.float32)]), 1.0)
+
+    asyncio.run(submit())
+    batcher._threads[0].join(5)
+    assert not batcher._threads[0].is_alive()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_inference_thread_of_the_default_model_turns_the_server_unready(tmp_path: Path) -> None:
+    from irpe.server.config import Settings
+    from irpe.server.errors import APIError
+    from irpe.server.pipeline.service import local_service
+
+    make_artifact(tmp_path / "a" / "1")
+    state = local_service(Settings(artifact_dir=str(tmp_path), inference_threads=1))
+    state.load()
+    state.warm()
+    try:
+        assert state.ready
+        with state.use("a") as mv:
+            _kill_inference_thread(mv)
+        with pytest.raises(APIError) as e, state.use("a"):
+            pass
+        assert e.value.status == 503 and not state.ready and "restart the server" in state.failure
+    finally:
+        state.shutdown()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path) -> None:
     from irpe.server.config import Settings
     from irpe.server.errors import APIError
     from irpe.server.pipeline.service import local_service
@@ -96,14 +133,7 @@ def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path
     state.warm()
     try:
         with state.use("b") as mv:
-            mv.batcher._run = mv.batcher._solo = lambda x: np.zeros((0, 10), np.float32)  # type: ignore  # IndexError
-
-            async def submit() -> None:
-                with pytest.raises(asyncio.TimeoutError):
-                    await asyncio.wait_for(mv.batcher.submit([np.zeros((3, 32, 32), np.float32)]), 1.0)
-
-            asyncio.run(submit())
-            mv.batcher._threads[0].join(5)  # type: ignore[union-attr]
+            _kill_inference_thread(mv)
         for _ in range(2):  # the first request finds it, the next one is refused by the lookup
             with pytest.raises(APIError) as e, state.use("b"):
                 pass
