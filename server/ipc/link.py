@@ -102,8 +102,11 @@ class EngineLink:
                 self.pools[crop] = pool
             return self.pools[crop]
 
-    async def submit(self, images: list[np.ndarray], crop: int, route: dict[str, str]) -> list[Result]:
-        """Hand ``images`` to the engine (all or none) for the model version ``route`` names; their results."""
+    async def submit(self, images: list[np.ndarray], crop: int, route: dict[str, str],
+                     timeout: float | None = None) -> list[Result]:
+        """Hand ``images`` to the engine (all or none) for the model version ``route`` names; their results.
+        ``timeout``: what is left of the request's deadline (default: the whole ``--timeout-s``), which the
+        engine's batcher enforces (504)."""
         if self.gone or self._sock is None:
             raise EngineGoneError("the engine process is not running")
         pool = self.pool(crop)
@@ -117,7 +120,7 @@ class EngineLink:
         try:
             with self._send:
                 self._sock.sendall(wire.pack({"id": rid, "shm": pool.name, "slots": slots,
-                                              "timeout": self.timeout_s, **route}))
+                                              "timeout": self.timeout_s if timeout is None else timeout, **route}))
         except OSError:
             self._finish(rid)
             raise EngineGoneError("the engine process is not running") from None
@@ -275,12 +278,12 @@ class RemoteBatcher:
         """Nothing to start: the engine runs the batches."""
 
     async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]:
-        """Run ``images`` on this model version in the engine process (``timeout``: the engine's, which holds
-        the request's deadline and answers 504 itself)."""
+        """Run ``images`` on this model version in the engine process; ``timeout``: what is left of the
+        request's deadline, sent along for the engine's batcher to enforce (504)."""
         started, ok = time.perf_counter(), False
         self._in_flight += len(images)
         try:
-            results = await self.link.submit(images, self.crop, self.route)
+            results = await self.link.submit(images, self.crop, self.route, timeout)
             ok = True
             return results
         finally:
