@@ -115,8 +115,10 @@ def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:
 
 
 def run_pa(command: list[str], args: list[str], timeout_s: float = 150.0, tries: int = 2) -> Measure:
-    """Run perf_analyzer once and parse its report; a run that reports nothing (no stable window on a busy
-    machine) or hangs past ``timeout_s`` is repeated once with windows twice as long."""
+    """Run perf_analyzer once and parse its report. A run that found no stable window (a busy machine) or
+    hung past ``timeout_s`` is repeated once with windows twice as long; one that stopped mid-run without a
+    word (its memory cap: perf_analyzer 2.60 grows without bound at c=32) is repeated with the same windows,
+    since longer ones would only let it grow further."""
     for attempt in range(tries):
         try:
             out = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout_s)
@@ -130,13 +132,18 @@ def run_pa(command: list[str], args: list[str], timeout_s: float = 150.0, tries:
                 return parse_output(out.stdout)
             except BenchError:
                 pass
-        if attempt + 1 < tries and "--measurement-interval" in args:
+        if attempt + 1 < tries and "--measurement-interval" in args and _unsettled(out.returncode, text):
             i = args.index("--measurement-interval") + 1
             args = [*args[:i], str(2 * int(args[i])), *args[i + 1:]]
     with tempfile.NamedTemporaryFile("w", prefix="irpe-bench-triton-pa-", suffix=".txt", delete=False) as f:
         f.write(text)
     raise BenchError(f"perf_analyzer failed ({out.returncode}) on {' '.join(args)} (its output: {f.name}):\n"
                      f"{text[-2000:]}")
+
+
+def _unsettled(returncode: int, text: str) -> bool:
+    """perf_analyzer ran out of time or of stable windows (not: was stopped mid-run)."""
+    return returncode == 124 or "stable" in text.lower()
 
 
 def _text(data: bytes | str | None) -> str:

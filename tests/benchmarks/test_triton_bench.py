@@ -133,3 +133,32 @@ def test_a_missed_run_is_left_out_of_medians_and_ratios() -> None:
     assert cell.median("triton", "rps") == 200 and cell.median("irpe", "rps") == 400
     assert cell.ratio() == pytest.approx(1.25)  # rounds 1 and 3 only: 0.5 and 2.0
     assert "nan" in tb.format_cells("t", [tb.Cell("http", 1, {"triton": [tb.MISSED], "irpe": [m(1)]})])
+
+
+def _stand_in(tmp_path: Path, first: str) -> tuple[list[str], Path]:
+    """A command that records its arguments and prints ``first`` on its first call, the report after: it
+    stands in for perf_analyzer's two failure modes, which the real one shows only now and then."""
+    log = tmp_path / "calls.txt"
+    script = tmp_path / "pa.py"
+    script.write_text("import pathlib, sys\n"
+                      f"log = pathlib.Path({str(log)!r})\n"
+                      "calls = log.read_text().splitlines() if log.exists() else []\n"
+                      "log.write_text('\\n'.join([*calls, ' '.join(sys.argv[1:])]) + '\\n')\n"
+                      f"print({first!r} if not calls else {REPORT!r})\n")
+    import sys
+
+    return [sys.executable, str(script)], log
+
+
+@pytest.mark.parametrize(("first", "second_window"), [
+    ("Request concurrency: 32\n", "3000"),  # stopped mid-run (its memory cap): the same windows again
+    ("Failed to obtain stable measurement within 3 measurement windows for concurrency 32.", "6000")])
+def test_a_failed_run_is_repeated_once_with_windows_that_fit_the_failure(tmp_path: Path, first: str,
+                                                                       second_window: str) -> None:
+    command, log = _stand_in(tmp_path, first)
+    target = tb.Target("irpe", "http", "127.0.0.1:1", "m")
+    m = tb.run_pa(command, tb.pa_args(target, 32, 3000))
+    calls = log.read_text().splitlines()
+    assert m.rps == 250.731 and len(calls) == 2
+    assert calls[0].split("--measurement-interval ")[1].split()[0] == "3000"
+    assert calls[1].split("--measurement-interval ")[1].split()[0] == second_window
