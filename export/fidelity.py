@@ -147,9 +147,10 @@ def openvino_compiled(onnx_path: str | Path, precision: str) -> Any:
 
     from irpe.artifact.openvino_graph import read_model
 
-    model = read_model(ov.Core(), onnx_path)  # the graph the server's OpenVINO engine runs
+    core = ov.Core()
+    model = read_model(core, onnx_path)  # the graph the server's OpenVINO engine runs
     hint = "bf16" if precision == "bf16" else "f32"
-    return ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"})
+    return core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"})
 
 
 def openvino_available() -> bool:
