@@ -72,7 +72,22 @@ base_image() {
   note "container base image: $image"
 }
 
+# disk_room: the venv (torch, OpenVINO, TensorRT bindings), pytest's temporary files and the container images
+# take about 8 GB; a full disk otherwise fails deep inside pip with ENOSPC (it did once, in CI).
+disk_room() {
+  local need_kb=$((8 * 1024 * 1024)) dir kb
+  for dir in . "${TMPDIR:-/tmp}"; do
+    kb=$(df -Pk "$dir" | awk 'NR==2 {print $4}')
+    if [ "${kb:-0}" -lt "$need_kb" ]; then
+      note "disk: $((kb / 1024)) MB free under $(cd "$dir" && pwd), the set-up and tests need about 8 GB;" \
+        "free some (old clones, .venv copies, /tmp/pytest-of-$(id -un)) and run again"
+      return 1
+    fi
+  done
+}
+
 start=$(usec)
+step disk "" disk_room
 step venv "" scripts/setup-venv.sh export,train,plugins,dev,cpu
 step browser browser scripts/install-browser.sh || true
 if step "container engine" container scripts/container-setup.sh; then
