@@ -5,11 +5,12 @@ scikit-image's photographs (an image directory, as a user would pass); then, int
 that load from other processes hits every path alike, the median latency of: ONNX Runtime fp32, OpenVINO
 fp32 and bf16, our int8 QDQ model.onnx on ONNX Runtime and on OpenVINO (bf16 elsewhere), and OpenVINO NNCF
 int8 (``ModelType.TRANSFORMER``, bf16 elsewhere) quantized by the bench from the same fp32 model as the
-anchor. Each round runs the paths in a fresh random order and ONNX Runtime does not spin after a run, so no
-path inherits another's busy threads. Ratios are to ONNX Runtime fp32 of the same model and batch.
-``--served`` adds served req/s of the fp32 artifact on ONNX Runtime vs the int8 artifact on the
-default backend (``irpe serve``, real JPEGs). Every model runs in the same rounds: the table gives each path's
-iRPE/plain ratio too (:func:`format_plain_ratios`).
+anchor; ``ort-fp32-std`` is ONNX Runtime fp32 on the file as exported, without the irpe.ort custom ops the
+server's engine puts in (:mod:`irpe.artifact.ort_graph`). Each round runs the paths in a fresh random order
+and ONNX Runtime does not spin after a run, so no path inherits another's busy threads. Ratios are to ONNX
+Runtime fp32 of the same model and batch. ``--served`` adds served req/s of the fp32 artifact on ONNX Runtime
+vs the int8 artifact on the default backend (``irpe serve``, real JPEGs). Every model runs in the same
+rounds: the table gives each path's iRPE/plain ratio too (:func:`format_plain_ratios`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 Runner = Callable[[np.ndarray], Any]
-PATHS = ("ort-fp32", "ov-fp32", "ov-bf16", "ort-int8", "ov-int8", "nncf-int8")
+PATHS = ("ort-fp32", "ort-fp32-std", "ov-fp32", "ov-bf16", "ort-int8", "ov-int8", "nncf-int8")
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "cat", "immunohistochemistry", "hubble_deep_field",
           "camera", "coins", "horse", "moon", "page")
 
@@ -86,14 +87,21 @@ def export_pair(model: str, tmp: Path, calib: Path, *, img_size: int, calibratio
     return fp32, int8
 
 
-def _ort(path: Path, threads: int) -> Runner:
+def _ort(path: Path, threads: int, ops: bool = True) -> Runner:
+    """``ops``: the graph as the server's ONNX Runtime engine reads it (the iRPE lookups as irpe.ort custom ops
+    where the library is built); else the file as exported (standard ops only)."""
     import onnxruntime as ort
+
+    from irpe.artifact.ort_graph import prepare
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.log_severity_level = threads, 3
     # ONNX Runtime's pool spins after each run, taking the cores from whichever path runs next
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    source, library = prepare(path) if ops else (str(path), None)
+    if library:
+        so.register_custom_ops_library(library)
+    sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     return lambda x: sess.run(None, {"images": x})
 
 
@@ -133,6 +141,7 @@ def runners(fp32: Path, int8: Path, calib: np.ndarray, threads: int, paths: Sequ
         return read_model(core, path)
     table: dict[str, Callable[[], Runner | None]] = {
         "ort-fp32": lambda: _ort(fp32 / "model.onnx", threads),
+        "ort-fp32-std": lambda: _ort(fp32 / "model.onnx", threads, ops=False),
         "ov-fp32": lambda: _ov(read(str(fp32 / "model.onnx")), "fp32", threads),
         "ov-bf16": lambda: _ov(read(str(fp32 / "model.onnx")), "bf16", threads),
         "ort-int8": lambda: _ort(int8 / "model.onnx", threads),

@@ -23,6 +23,7 @@ class EngineInfo:
     max_batch: int
     batch_sizes: list[int] = field(default_factory=list)
     precision: str = "fp32"  # fp32, fp16, bf16, int8+fp32 / int8+bf16 (int8 QDQ MatMuls, the rest in fp32/bf16)
+    custom_ops: list[str] = field(default_factory=list)  # op domains put into the graph (irpe.ort: ort_graph.py)
 
 
 class Engine(Protocol):

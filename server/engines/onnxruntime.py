@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from irpe.artifact import ModelArtifact
+from irpe.artifact.ort_graph import DOMAIN, prepare
 
 from ..config import usable_cpus
 from .base import EngineError, EngineInfo, batch_sizes
@@ -42,9 +43,10 @@ class OrtEngine:
             raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
                               f"(available: {ort.get_available_providers()}); install the [gpu] extra: "
                               "pip install 'irpe-deploy[gpu]' (onnxruntime-gpu)")
-        self.session = _session(ort, onnx_path, threads, device)
+        graph = prepare(onnx_path) if device == "cpu" else (str(onnx_path), None)
+        self.session, graph = _session(ort, onnx_path, threads, device, graph=graph)
         solo = device == "cpu" and solo_threads > (threads or usable_cpus())
-        self.solo_session = _session(ort, onnx_path, solo_threads, device, spin=True) if solo else None
+        self.solo_session = _session(ort, onnx_path, solo_threads, device, True, graph)[0] if solo else None
         used = self.session.get_providers()
         if device == "cuda" and "CUDAExecutionProvider" not in used:
             raise EngineError("--device cuda: ONNX Runtime fell back to CPU (providers in use: "
@@ -69,7 +71,8 @@ class OrtEngine:
         if precision == "int8+fp32" and device == "cpu":
             log.warning(INT8_ON_CPU)
         self.info = EngineInfo("onnxruntime", device, list(used), list(spec.shape), limit, batch_sizes(limit),
-                               precision="fp16" if self.dtype == np.float16 else precision)
+                               precision="fp16" if self.dtype == np.float16 else precision,
+                               custom_ops=[DOMAIN] if graph[1] else [])
 
     def run(self, images: np.ndarray) -> np.ndarray:
         """float32 [N,3,H,W] -> float32 [N,classes]."""
@@ -106,9 +109,23 @@ class OrtEngine:
         return np.asarray(out[:n], dtype=np.float32)
 
 
-def _session(ort: Any, onnx_path: Path, threads: int, device: str, spin: bool = False) -> Any:
+def _session(ort: Any, onnx_path: Path, threads: int, device: str, spin: bool = False,
+             graph: tuple[str | bytes, str | None] | None = None) -> tuple[Any, tuple[str | bytes, str | None]]:
+    """(a session, the graph it runs): ``graph`` (:func:`irpe.artifact.ort_graph.prepare`: on a CPU, the iRPE
+    lookups as custom ops), or the file as exported where that graph does not load (said in one line)."""
+    source, library = graph or (str(onnx_path), None)
     try:
-        return ort.InferenceSession(str(onnx_path), _session_options(ort, threads, spin), providers=_providers(device))
+        if library:
+            try:
+                so = _session_options(ort, threads, spin)
+                so.register_custom_ops_library(library)
+                return ort.InferenceSession(source, so, providers=_providers(device)), (source, library)
+            except Exception as e:  # onnxruntime's own types; the file as exported still serves
+                log.warning("%s: the iRPE custom ops do not load here (%s); running the lookups in standard ONNX "
+                            "ops", onnx_path, str(e).strip().splitlines()[-1][:200])
+                source = str(onnx_path)
+        so = _session_options(ort, threads, spin)
+        return ort.InferenceSession(source, so, providers=_providers(device)), (source, None)
     except Exception as e:  # onnxruntime's own types (InvalidProtobuf, Fail, ...) for a bad file
         raise EngineError(f"{onnx_path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[-1][:200]}); "
                           "re-run `irpe export` or restore the file") from None

@@ -46,7 +46,8 @@ def model_metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
             "backend": info.backend if info else None, "device": info.device if info else None,
             "precision": info.precision if info else None, "quantization": art.quantization,
             "fidelity": art.fidelity,
-            "providers": info.providers if info else [], "batch_sizes": info.batch_sizes if info else [],
+            "providers": info.providers if info else [], "custom_ops": info.custom_ops if info else [],
+            "batch_sizes": info.batch_sizes if info else [],
             "max_wait_ms": service.settings.max_wait_ms, "jpeg_draft": service.settings.jpeg_draft}
 
 

@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
+from irpe.artifact.ort_graph import library
 from tests.server.helpers import encode, image, running_server
 
 NAME = "deit_small_patch16_224_ctx_product_50_shared_qkv"
@@ -57,7 +58,10 @@ def test_served_logits_match_torch(exported: tuple[Path, Path]) -> None:
     with running_server(artifact, max_wait_ms=20) as url:
         files = [("file", (f"{k}.png", encode(img), "image/png")) for k, img in enumerate(imgs)]
         r = httpx.post(url + "/classify?top_k=10", files=files, timeout=30)
+        models = httpx.get(url + "/v1/models", timeout=10).json()["models"]
     assert r.status_code == 200 and r.json()["model"] == NAME
+    if library() is not None:  # the lookups ran as the irpe.ort custom ops (artifact/ort_graph.py)
+        assert [m["custom_ops"] for m in models] == [["irpe.ort"]]
     for k, preds in enumerate(r.json()["predictions"]):
         z = ref[k].astype(np.float64)
         p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
