@@ -15,24 +15,26 @@ in ``_ortops.c`` do the same arithmetic in one pass each:
 
 The lookup index is read off the graph's own constants (the row index, the one-hots), so nothing but the
 graph decides the buckets. Graphs without the patterns (plain DeiT, bias mode, plugin graphs) are left alone.
-``IRPE_ORT_OPS=0`` turns the rewrite off; without the compiled library or the onnx package it is off too.
+The graph is read and written in the wire format (:mod:`.onnx_wire`: the serving image has no onnx package).
+``IRPE_ORT_OPS=0`` turns the rewrite off; without the compiled library it is off too.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from . import onnx_wire
+from .onnx_wire import Node
+from .protowire import Malformed
 
 DOMAIN = "irpe.ort"
 MAX_TERMS = 4  # lookups summed into one node: LookupAdd, LookupAdd2 .. LookupAdd4 (_ortops.c)
 ROWS_PERM = [2, 3, 0, 1]  # (N, H, n, K) -> (n, K, N, H) and (n, n, N, H) -> (N, H, n, n)
 QUERY_MAJOR = [2, 0, 1, 3]  # attn (N, H, n, n) -> (n, N, H, n)
-log = logging.getLogger("irpe.server")
 
 
 def library() -> str | None:
@@ -51,106 +53,78 @@ def prepare(onnx_path: str | Path) -> tuple[str | bytes, str | None]:
     if lib is None:
         return str(onnx_path), None
     try:
-        import onnx
-
-        model = onnx.load(str(onnx_path))
-    except ImportError:
+        data = Path(onnx_path).read_bytes()
+        out = rewrite(data)
+    except (OSError, Malformed):  # unreadable, or not an ONNX file: ONNX Runtime reads the path and says so
         return str(onnx_path), None
-    except Exception:  # noqa: BLE001 - not an ONNX file: ONNX Runtime reads the path and says so
-        return str(onnx_path), None
-    if rewrite(model) == 0:
-        return str(onnx_path), None
-    return model.SerializeToString(), lib
+    return (out, lib) if out is not None else (str(onnx_path), None)
 
 
-def rewrite(model: Any) -> int:
-    """Rewrite ``model`` (an ``onnx.ModelProto``) in place; the number of nodes put in."""
-    graph = Graph(model.graph)
-    count = sum(_lookup(graph, node) for node in list(model.graph.node) if node.op_type == "Add")
-    count += sum(_bucket_sums(graph, node) for node in list(model.graph.node) if node.op_type in ("Reshape", "MatMul"))
-    if count:
-        graph.prune()
-        from onnx import helper
-        if all(o.domain != DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return count
+def rewrite(data: bytes) -> bytes | None:
+    """The ModelProto ``data`` with its lookups rewritten, or None when it has none."""
+    graph = Graph(onnx_wire.read(data))
+    count = sum(_lookup(graph, node) for node in list(graph.nodes) if node.op_type == "Add")
+    count += sum(_bucket_sums(graph, node) for node in list(graph.nodes) if node.op_type in ("Reshape", "MatMul"))
+    if not count:
+        return None
+    nodes, unused = graph.live()
+    return onnx_wire.write(graph.model, nodes, graph.added, unused, {DOMAIN: 1})
 
 
 class Graph:
-    """An ``onnx.GraphProto`` with its producers and constants indexed."""
+    """A graph's nodes with their producers and constants indexed, and the constants added to it."""
 
-    def __init__(self, graph: Any):
-        self.g = graph
-        self.producer = {out: node for node in graph.node for out in node.output}
-        self.inits = {t.name: t for t in graph.initializer}
+    def __init__(self, model: onnx_wire.Model):
+        self.model, self.nodes = model, list(model.nodes)
+        self.producer = {out: node for node in self.nodes for out in node.outputs}
+        self.added: dict[str, np.ndarray] = {}
 
-    def made_by(self, name: str, op: str) -> Any:
+    def made_by(self, name: str, op: str) -> Node | None:
         node = self.producer.get(name)
         return node if node is not None and node.op_type == op and node.domain in ("", "ai.onnx") else None
 
     def const(self, name: str) -> np.ndarray | None:
-        from onnx import numpy_helper
-        if name in self.inits:
-            return numpy_helper.to_array(self.inits[name])
+        if name in self.added:
+            return self.added[name]
         node = self.made_by(name, "Constant")
-        return numpy_helper.to_array(node.attribute[0].t) if node is not None and node.attribute else None
+        if node is not None and "value" in node.tensors:
+            return onnx_wire.tensor(self.model.buf, *node.tensors["value"])
+        return self.model.array(name)
 
     def add_const(self, array: np.ndarray, name: str) -> str:
-        from onnx import numpy_helper
-        if name not in self.inits:
-            self.inits[name] = numpy_helper.from_array(array, name)
-            self.g.initializer.append(self.inits[name])
+        self.added.setdefault(name, array)
         return name
 
-    def replace(self, old: Any, new: Any) -> None:
-        nodes = self.g.node
-        for i, node in enumerate(nodes):
-            if node is old:
-                nodes.insert(i, new)
-                nodes.remove(old)
-                break
-        for out in new.output:
+    def replace(self, old: Node, new: Node) -> None:
+        self.nodes[next(i for i, node in enumerate(self.nodes) if node is old)] = new
+        for out in new.outputs:
             self.producer[out] = new
 
-    def prune(self) -> None:
-        """Drop the nodes and initializers nothing reads any more."""
-        outputs = {o.name for o in self.g.output}
+    def live(self) -> tuple[list[Node], set[str]]:
+        """(the nodes something still reads, the initializers nothing reads any more)."""
+        nodes, outputs = self.nodes, set(self.model.outputs)
         while True:
-            used = {i for node in self.g.node for i in node.input} | outputs
-            keep = [node for node in self.g.node if any(o in used for o in node.output)]
-            if len(keep) == len(self.g.node):
-                break
-            del self.g.node[:]
-            self.g.node.extend(keep)
-        used = {i for node in self.g.node for i in node.input}
-        keep = [t for t in self.g.initializer if t.name in used]
-        del self.g.initializer[:]
-        self.g.initializer.extend(keep)
+            used = {i for node in nodes for i in node.inputs} | outputs
+            keep = [node for node in nodes if any(o in used for o in node.outputs)]
+            if len(keep) == len(nodes):
+                return keep, set(self.model.initializers) - used
+            nodes = keep
 
 
-def _attr(node: Any, name: str, default: Any = None) -> Any:
-    from onnx import helper
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
-def _lookup(graph: Graph, add: Any) -> int:
+def _lookup(graph: Graph, add: Node) -> int:
     """``add`` = scores + (transpose back of row lookups): one LookupAdd[2] node in its place."""
-    from onnx import helper
-    for scores, term in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
+    for scores, term in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
         back = graph.made_by(term, "Transpose")
-        back = back if back is not None and list(_attr(back, "perm", [])) == ROWS_PERM else None
-        grid = back is not None and graph.made_by(back.input[0], "Reshape")
-        found = _row_gathers(graph, grid.input[0]) if grid else None
+        back = back if back is not None and list(back.ints.get("perm", [])) == ROWS_PERM else None
+        grid = back is not None and graph.made_by(back.inputs[0], "Reshape")
+        found = _row_gathers(graph, grid.inputs[0]) if grid else None
         if not found or len(found) > MAX_TERMS:
             continue
         inputs = [scores]
         for lut, index, name in found:
             inputs += [lut, graph.add_const(index.reshape(-1).astype(np.int32), f"{name}/irpe_ort")]
         op = "LookupAdd" if len(found) == 1 else f"LookupAdd{len(found)}"
-        graph.replace(add, helper.make_node(op, inputs, list(add.output), name=f"{add.name}/irpe_ort", domain=DOMAIN))
+        graph.replace(add, Node(op, inputs, list(add.outputs), name=f"{add.name}/irpe_ort", domain=DOMAIN))
         return 1
     return 0
 
@@ -162,30 +136,29 @@ def _row_gathers(graph: Graph, name: str) -> list[tuple[str, np.ndarray, str]] |
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type == "Add":
-        a, b = _row_gathers(graph, node.input[0]), _row_gathers(graph, node.input[1])
+        a, b = _row_gathers(graph, node.inputs[0]), _row_gathers(graph, node.inputs[1])
         return a + b if a is not None and b is not None else None
     if node.op_type == "Reshape":
-        return _row_gathers(graph, node.input[0])
-    if node.op_type != "Gather" or _attr(node, "axis", 0) != 0:
+        return _row_gathers(graph, node.inputs[0])
+    if node.op_type != "Gather" or node.ints.get("axis", 0) != 0:
         return None
-    index, rows = graph.const(node.input[1]), graph.made_by(node.input[0], "Reshape")
-    lut = rows is not None and graph.made_by(rows.input[0], "Transpose")
-    if index is None or index.ndim != 1 or not lut or list(_attr(lut, "perm", [])) != ROWS_PERM:
+    index, rows = graph.const(node.inputs[1]), graph.made_by(node.inputs[0], "Reshape")
+    lut = rows is not None and graph.made_by(rows.inputs[0], "Transpose")
+    if index is None or index.ndim != 1 or not lut or list(lut.ints.get("perm", [])) != ROWS_PERM:
         return None
     n = int(round(np.sqrt(index.size)))
-    return [(lut.input[0], index, node.input[1])] if n * n == index.size else None
+    return [(lut.inputs[0], index, node.inputs[1])] if n * n == index.size else None
 
 
-def _bucket_sums(graph: Graph, node: Any) -> int:
+def _bucket_sums(graph: Graph, node: Node) -> int:
     """``node`` = the value side's bucket sums (n, N*H, K): one BucketSumRows node in its place."""
-    from onnx import helper
     for match in (_separable, _one_hot):
         found = match(graph, node)
         if found is not None:
             attn, index, k = found
-            name = graph.add_const(index, f"{node.output[0]}/irpe_ort_index")
-            graph.replace(node, helper.make_node("BucketSumRows", [attn, name], list(node.output),
-                                                 name=f"{node.name}/irpe_ort", domain=DOMAIN, num_buckets=k))
+            name = graph.add_const(index, f"{node.outputs[0]}/irpe_ort_index")
+            graph.replace(node, Node("BucketSumRows", [attn, name], list(node.outputs), name=f"{node.name}/irpe_ort",
+                                     domain=DOMAIN, ints={"num_buckets": k}))
             return 1
     return 0
 
@@ -193,30 +166,30 @@ def _bucket_sums(graph: Graph, node: Any) -> int:
 def _query_rows(graph: Graph, name: str, width: Callable[[np.ndarray], bool]) -> tuple[str, int] | None:
     """(attn, prefix keys sliced off) for Reshape(Transpose(attn [Slice]) to query-major rows), or None."""
     shape = graph.made_by(name, "Reshape")
-    rows = shape is not None and graph.made_by(shape.input[0], "Transpose")
-    if not rows or list(_attr(rows, "perm", [])) != QUERY_MAJOR or not width(graph.const(shape.input[1])):
+    rows = shape is not None and graph.made_by(shape.inputs[0], "Transpose")
+    if not rows or list(rows.ints.get("perm", [])) != QUERY_MAJOR or not width(graph.const(shape.inputs[1])):
         return None
-    keys = graph.made_by(rows.input[0], "Slice")
+    keys = graph.made_by(rows.inputs[0], "Slice")
     if keys is None:
-        return rows.input[0], 0
-    start, axes = graph.const(keys.input[1]), graph.const(keys.input[3]) if len(keys.input) > 3 else None
+        return rows.inputs[0], 0
+    start, axes = graph.const(keys.inputs[1]), graph.const(keys.inputs[3]) if len(keys.inputs) > 3 else None
     if start is None or axes is None or start.size != 1 or int(axes.reshape(-1)[0]) not in (3, -1):
         return None
-    return keys.input[0], int(start.reshape(-1)[0])
+    return keys.inputs[0], int(start.reshape(-1)[0])
 
 
-def _separable(graph: Graph, node: Any) -> tuple[str, np.ndarray, int] | None:
+def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     """Product tables: Reshape(MatMul(row one-hot (n, 1, m, gh), Reshape(MatMul(<rows>, col one-hot (n, gw, m)))))."""
-    rows = node.op_type == "Reshape" and graph.made_by(node.input[0], "MatMul")
-    row_hot = graph.const(rows.input[0]) if rows else None
-    regroup = row_hot is not None and graph.made_by(rows.input[1], "Reshape")
-    cols = regroup and graph.made_by(regroup.input[0], "MatMul")
-    col_hot = graph.const(cols.input[1]) if cols else None
+    rows = node.op_type == "Reshape" and graph.made_by(node.inputs[0], "MatMul")
+    row_hot = graph.const(rows.inputs[0]) if rows else None
+    regroup = row_hot is not None and graph.made_by(rows.inputs[1], "Reshape")
+    cols = regroup and graph.made_by(regroup.inputs[0], "MatMul")
+    col_hot = graph.const(cols.inputs[1]) if cols else None
     if col_hot is None or row_hot.ndim != 4 or col_hot.ndim != 3 or row_hot.shape[1] != 1:
         return None
     n, gw, m = col_hot.shape
     gh = row_hot.shape[3]
-    found = _query_rows(graph, cols.input[0], lambda s: s is not None and s.size == 3 and s[-1] == gw)
+    found = _query_rows(graph, cols.inputs[0], lambda s: s is not None and s.size == 3 and s[-1] == gw)
     if found is None or row_hot.shape[:3] != (n, 1, m) or found[1] + gh * gw != n:
         return None
     attn, skip = found
@@ -231,12 +204,12 @@ def _separable(graph: Graph, node: Any) -> tuple[str, np.ndarray, int] | None:
     return attn, index, m * m
 
 
-def _one_hot(graph: Graph, node: Any) -> tuple[str, np.ndarray, int] | None:
+def _one_hot(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     """Any table: MatMul(<rows>, one-hot (n, n, K)) with one bucket per (query, key)."""
-    hot = graph.const(node.input[1]) if node.op_type == "MatMul" else None
+    hot = graph.const(node.inputs[1]) if node.op_type == "MatMul" else None
     if hot is None or hot.ndim != 3 or hot.shape[0] != hot.shape[1] or not _one_hot_rows(hot, exact=True):
         return None
-    found = _query_rows(graph, node.input[0], lambda s: s is not None and s.size == 3 and s[-1] == hot.shape[0])
+    found = _query_rows(graph, node.inputs[0], lambda s: s is not None and s.size == 3 and s[-1] == hot.shape[0])
     if found is None or found[1]:
         return None
     return found[0], hot.argmax(-1).astype(np.int32), hot.shape[2]
