@@ -16,7 +16,7 @@ from irpe.models import load_checkpoint_with_info, read_checkpoint
 
 from . import metadata
 from .onnx import INPUT_NAME, OUTPUT_NAME, build_onnx, check_onnx
-from .parity import check_parity, format_report
+from .parity import check_ort_ops, check_parity, format_report
 
 FORMATS = ("onnx", "tensorrt", "triton")
 
@@ -90,6 +90,9 @@ def export_artifact(checkpoint: str | Path, out_dir: str | Path, *, name: str | 
         onnx.save(proto, str(onnx_path))
     with log.step("parity with PyTorch (random inputs, batches 1 and 3; sample photographs)"):
         art.parity = check_parity(model, onnx_path, pp, fp16=fp16, rpe_plugin=rpe_plugin)
+        ort_ops = None if fp16 or rpe_plugin else check_ort_ops(model, onnx_path, pp)
+        if ort_ops:
+            art.parity["irpe_ort_ops"] = ort_ops
     log.say(format_report(art.parity))
     metadata.set_metadata(proto, metadata.metadata_summary(art))
     onnx.save(proto, str(onnx_path))

@@ -120,10 +120,36 @@ def check_parity(model: nn.Module, onnx_path: str | Path, pp: Preprocess, *, fp1
     return report
 
 
+def check_ort_ops(model: nn.Module, onnx_path: str | Path, pp: Preprocess) -> dict[str, Any] | None:
+    """Parity of the graph the server's ONNX Runtime engine runs on a CPU (:mod:`irpe.artifact.ort_graph`: the
+    iRPE lookups as irpe.ort custom ops), as :func:`check_parity` checks the file; None when that graph is the
+    file itself (no lookups, or the custom-op library is not built)."""
+    import onnxruntime as ort
+
+    from irpe.artifact.ort_graph import prepare
+
+    source, library = prepare(onnx_path)
+    if library is None:
+        return None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.log_severity_level = 1, 3
+    so.register_custom_ops_library(library)
+    session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+    try:
+        report = check_parity(model, onnx_path, pp, session=session)
+    except ParityError as e:
+        raise ParityError(f"{e}, on the graph with the irpe.ort custom ops that `irpe serve` runs on ONNX Runtime "
+                          "(a bug: please report it; IRPE_ORT_OPS=0 serves the file as exported)") from None
+    return {"runtime": "onnxruntime-cpu-1thread+irpe.ort", "max_abs_diff": report["max_abs_diff"],
+            "passed": report["passed"]}
+
+
 def format_report(report: dict[str, Any]) -> str:
     """One line for the terminal."""
     return (f"parity ({report['runtime']}, {report['precision']}): max |logit diff| "
             f"{report['max_abs_diff']:.2e} <= {report['tolerance']:.2e} "
             f"(= {report['atol']:g} + {report['rtol']:g} x max|logit| {report['logit_scale']:.3g}; "
             f"random {report['random']['max_abs_diff']:.2e}, photographs {report['images']['max_abs_diff']:.2e}, "
-            f"top-1 equal: {report['images']['top1_equal']})")
+            f"top-1 equal: {report['images']['top1_equal']})"
+            + (f"; with the irpe.ort custom ops {report['irpe_ort_ops']['max_abs_diff']:.2e}"
+               if "irpe_ort_ops" in report else ""))
