@@ -85,3 +85,20 @@ def test_solo_session_gives_the_same_logits_and_stays_only_when_faster(tiny_arti
     assert not drop.keep_solo(x, rounds=2, gain=0.0) and drop.solo_session is None
     np.testing.assert_array_equal(drop.run_solo(x), drop.run(x))
     assert load_engine(tiny_artifact, art, threads=2, max_batch=4, solo_threads=2).solo_session is None
+
+
+def test_a_rewritten_graph_that_does_not_load_falls_back_to_the_file(
+        tiny_artifact: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The irpe.ort rewrite is a speed-up: if its graph does not load, the engine says so and serves the file."""
+    from irpe.artifact.ort_graph import library
+    from irpe.server.engines import onnxruntime as ort_engine
+
+    if library() is None:
+        pytest.skip("the _ortops C extension is not built")
+    monkeypatch.setattr(ort_engine, "prepare", lambda path: (b"\x0a\x05not a model", library()))
+    art = load_artifact(tiny_artifact)
+    with caplog.at_level("WARNING", logger="irpe.server"):
+        engine = load_engine(tiny_artifact, art, max_batch=2, threads=1)
+    assert engine.info.custom_ops == [] and "the iRPE custom ops do not load here" in caplog.text
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), dtype=np.float32)
+    assert np.allclose(engine.run(x), expected_logits(x), atol=1e-5)
