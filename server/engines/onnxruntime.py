@@ -21,7 +21,7 @@ from ..config import usable_cpus
 from .base import EngineError, EngineInfo, batch_sizes
 
 log = logging.getLogger("irpe.server")
-INT8_ON_CPU = ("int8 artifact on ONNX Runtime (CPU): it runs no faster than the fp32 graph here (1.2-1.3x slower "
+INT8_ON_CPU = ("int8 artifact on ONNX Runtime (CPU): it runs no faster than the fp32 graph here (1.15-1.3x slower "
                "measured); OpenVINO is its fast path: pip install 'irpe-deploy[cpu]' and serve with --backend auto")
 
 

@@ -299,9 +299,10 @@ class LocalHost(ModelHost):
         mv.batcher = Batcher(self.slots.wrap(mv.engine.run), sizes=info.batch_sizes, max_wait_ms=s.max_wait_ms,
                              max_queue=(d.config.max_queue if d else 0) or s.max_queue, metrics=self.metrics,
                              workers=s.resolved_inference_threads(), solo=solo and self.slots.wrap(solo))
-        log.info("model %s version %d: backend %s (%s) on %s, providers in use %s, batch sizes %s, %d inference "
+        log.info("model %s version %d: backend %s (%s) on %s, providers in use %s%s, batch sizes %s, %d inference "
                  "thread(s) x %d intra-op thread(s)", name, version, info.backend, info.precision, info.device,
-                 info.providers, info.batch_sizes, s.resolved_inference_threads(), s.resolved_threads())
+                 info.providers, f", custom ops {info.custom_ops}" if info.custom_ops else "", info.batch_sizes,
+                 s.resolved_inference_threads(), s.resolved_threads())
         return mv
 
     def _activate(self, mv: ModelVersion) -> None:
