@@ -22,18 +22,17 @@ The graph is read and written in the wire format (:mod:`.onnx_wire`: the serving
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from . import onnx_wire
 from .onnx_wire import Node
+from .openvino_graph import ROWS_PERM  # the row layout both rewrites undo (imports no openvino)
 from .protowire import Malformed
 
 DOMAIN = "irpe.ort"
 MAX_TERMS = 4  # lookups summed into one node: LookupAdd, LookupAdd2 .. LookupAdd4 (_ortops.c)
-ROWS_PERM = [2, 3, 0, 1]  # (N, H, n, K) -> (n, K, N, H) and (n, n, N, H) -> (N, H, n, n)
 QUERY_MAJOR = [2, 0, 1, 3]  # attn (N, H, n, n) -> (n, N, H, n)
 
 
@@ -163,19 +162,23 @@ def _bucket_sums(graph: Graph, node: Node) -> int:
     return 0
 
 
-def _query_rows(graph: Graph, name: str, width: Callable[[np.ndarray], bool]) -> tuple[str, int] | None:
-    """(attn, prefix keys sliced off) for Reshape(Transpose(attn [Slice]) to query-major rows), or None."""
+def _query_rows(graph: Graph, name: str) -> tuple[str, int, int] | None:
+    """(attn, prefix keys sliced off, row width) for Reshape(Transpose(attn [Slice]) to query-major rows of
+    width keys), or None."""
     shape = graph.made_by(name, "Reshape")
     rows = shape is not None and graph.made_by(shape.inputs[0], "Transpose")
-    if not rows or list(rows.ints.get("perm", [])) != QUERY_MAJOR or not width(graph.const(shape.inputs[1])):
+    if not rows or list(rows.ints.get("perm", [])) != QUERY_MAJOR:
         return None
-    keys = graph.made_by(rows.inputs[0], "Slice")
+    dims = graph.const(shape.inputs[1])
+    if dims is None or dims.size != 3:
+        return None
+    keys, width = graph.made_by(rows.inputs[0], "Slice"), int(dims[-1])
     if keys is None:
-        return rows.inputs[0], 0
+        return rows.inputs[0], 0, width
     start, axes = graph.const(keys.inputs[1]), graph.const(keys.inputs[3]) if len(keys.inputs) > 3 else None
     if start is None or axes is None or start.size != 1 or int(axes.reshape(-1)[0]) not in (3, -1):
         return None
-    return keys.inputs[0], int(start.reshape(-1)[0])
+    return keys.inputs[0], int(start.reshape(-1)[0]), width
 
 
 def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
@@ -189,10 +192,10 @@ def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
         return None
     n, gw, m = col_hot.shape
     gh = row_hot.shape[3]
-    found = _query_rows(graph, cols.inputs[0], lambda s: s is not None and s.size == 3 and s[-1] == gw)
-    if found is None or row_hot.shape[:3] != (n, 1, m) or found[1] + gh * gw != n:
+    found = _query_rows(graph, cols.inputs[0])
+    if found is None or found[2] != gw or row_hot.shape[:3] != (n, 1, m) or found[1] + gh * gw != n:
         return None
-    attn, skip = found
+    attn, skip, _ = found
     index = np.full((n, n), -1, np.int32)
     for i in range(n):  # a query's keys: all in buckets (a patch query) or none (a prefix query)
         rows_i, cols_i = row_hot[i, 0].T, col_hot[i]  # (gh, m), (gw, m)
@@ -205,12 +208,12 @@ def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
 
 
 def _one_hot(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
-    """Any table: MatMul(<rows>, one-hot (n, n, K)) with one bucket per (query, key)."""
-    hot = graph.const(node.inputs[1]) if node.op_type == "MatMul" else None
-    if hot is None or hot.ndim != 3 or hot.shape[0] != hot.shape[1] or not _one_hot_rows(hot, exact=True):
-        return None
-    found = _query_rows(graph, node.inputs[0], lambda s: s is not None and s.size == 3 and s[-1] == hot.shape[0])
-    if found is None or found[1]:
+    """Any table: MatMul(<rows>, one-hot (n, n, K)) with one bucket per (query, key). The graph's shape is
+    matched before the constant is read (every weight matrix is some MatMul's second input)."""
+    found = _query_rows(graph, node.inputs[0]) if node.op_type == "MatMul" else None
+    hot = graph.const(node.inputs[1]) if found is not None and not found[1] else None
+    if hot is None or hot.ndim != 3 or hot.shape[0] != hot.shape[1] or hot.shape[0] != found[2] \
+            or not _one_hot_rows(hot, exact=True):
         return None
     return found[0], hot.argmax(-1).astype(np.int32), hot.shape[2]
 
