@@ -11,6 +11,13 @@ that is its best form. OpenVINO is the other way round: a Gather on the last axi
 (``irpe bench rpe-lookup``: +0.91 against +1.47 ms per attention core in bf16). The indices do not change
 (row i*K' + bucket of the row layout is element i*K' + bucket of the flat one), so the answer is the same
 (bit-identical in f32). Graphs without the pattern (plain DeiT, bias mode, plugin graphs) are left alone.
+
+The value side of the product method (separable tables, shared weights) is exported as two per-query one-hot
+contractions, over key columns then key rows, and a (K', d) MatMul. OpenVINO runs the key-row step, a MatMul
+whose first input is a constant, in f32 over thousands of (m, gh) x (gh, m) products. Here that step and the
+MatMul merge into one FullyConnected batched over the query's grid row, whose constant is (gh, gh*m, d): query
+row r's weights for (key row, column bucket) pairs, W[a(r, key row), column bucket]. Prefix queries (all their
+patch-bucket sums are zero) get zeros. Same sums, another order: 1e-6 in f32.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ def read_model(core: Any, onnx_path: Any) -> Any:
     how the server's engine, the export's bf16 fidelity check and the benches read an artifact."""
     model = core.read_model(str(onnx_path))
     last_axis_lookups(model)
+    grouped_value_sums(model)
     return model
 
 
@@ -98,3 +106,68 @@ def _constant(node: Any) -> bool:
 def _perm(node: Any) -> list[int] | None:
     source = node.input_value(1).get_node()
     return [int(v) for v in source.get_data().reshape(-1)] if _constant(source) else None
+
+
+def grouped_value_sums(model: Any) -> int:
+    """Rewrite every separable value-side sum with shared weights of ``model`` in place; the number rewritten."""
+    import openvino.opset13 as ops
+
+    count = 0
+    for node in model.get_ordered_ops():
+        found = _separable_values(node)
+        if found is None:
+            continue
+        col_sums, weights, skip, n = found
+        (gh, rows, d), patches = weights.shape, n - skip
+        ints = lambda *v: ops.constant(np.array(v, np.int64))  # noqa: E731
+        x = ops.reshape(col_sums, ints(n, -1, rows), special_zero=False)  # (n, N*H, gh*m_b)
+        x = ops.slice(x, ints(skip), ints(n), ints(1), ints(0)) if skip else x
+        x = ops.reshape(x, ints(gh, -1, rows), special_zero=False)  # (gh, gw*N*H, gh*m_b): by query row
+        y = ops.matmul(x, ops.constant(weights), transpose_a=False, transpose_b=False)
+        y = ops.reshape(y, ints(patches, -1, d), special_zero=False)
+        if skip:
+            y = ops.pad(y, ints(skip, 0, 0), ints(0, 0, 0), "constant", ops.constant(np.float32(0)))
+        for target in list(node.output(0).get_target_inputs()):
+            target.replace_source_output(y.output(0))
+        count += 1
+    return count
+
+
+def _separable_values(node: Any) -> tuple[Any, np.ndarray, int, int] | None:
+    """For the (K', d) MatMul of a separable value sum: (the key-column sums (n, N*H*gh, m_b), the grouped
+    weights (gh, gh*m_b, d), the number of prefix queries, n); else None."""
+    if node.get_type_name() != "MatMul" or not _constant(node.input_value(1).get_node()):
+        return None
+    sums = node.input_value(0).get_node()
+    rows = sums.input_value(0).get_node() if sums.get_type_name() == "Reshape" else None
+    if rows is None or rows.get_type_name() != "MatMul" or not _constant(rows.input_value(0).get_node()):
+        return None
+    cols = rows.input_value(1).get_node()
+    col_sums = cols.input_value(0) if cols.get_type_name() == "Reshape" else None
+    if col_sums is None or col_sums.get_node().get_type_name() != "MatMul" \
+            or not _constant(col_sums.get_node().input_value(1).get_node()):
+        return None
+    if any(n.get_attributes().get(k) for n in (node, rows) for k in ("transpose_a", "transpose_b")):
+        return None
+    return _grouped_weights(rows.input_value(0).get_node().get_data(),
+                            col_sums.get_node().input_value(1).get_node().get_data(),
+                            node.input_value(1).get_node().get_data(), col_sums)
+
+
+def _grouped_weights(row_hot: np.ndarray, col_hot: np.ndarray, w: np.ndarray,
+                     col_sums: Any) -> tuple[Any, np.ndarray, int, int] | None:
+    """row_hot (n, 1, m_a, gh), col_hot (n, gw, m_b), w (m_a*m_b, d) -> (col_sums, (gh, gh*m_b, d), prefix, n)
+    when every query of a grid row has the same one-hot rows and prefix queries have none; else None."""
+    if row_hot.ndim != 4 or row_hot.shape[1] != 1 or col_hot.ndim != 3 or w.ndim != 2:
+        return None
+    n, _, ma, gh = row_hot.shape
+    gw, mb = col_hot.shape[1:]
+    skip = n - gh * gw
+    if skip < 0 or col_hot.shape[0] != n or w.shape[0] != ma * mb or (skip and row_hot[:skip].any()):
+        return None
+    grid = row_hot[skip:, 0].reshape(gh, gw, ma, gh)
+    if not (grid == grid[:, :1]).all() or not (grid.sum(axis=2) == 1).all():
+        return None
+    bucket = grid[:, 0].argmax(axis=1)  # (gh query rows, gh key rows): the row bucket a
+    weights = w.reshape(ma, mb, -1)[bucket]  # (gh, gh, m_b, d)
+    return col_sums, np.ascontiguousarray(weights.reshape(gh, gh * mb, -1), dtype=np.float32), skip, n
