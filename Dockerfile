@@ -28,7 +28,7 @@ ENV IRPE_DEVICE=cuda
 FROM python AS base-cpu
 ENV IRPE_DEVICE=cpu
 
-# --- build the wheel on the same base (same Python): the C kernels (exact resize, iRPE ops for ONNX Runtime and OpenVINO) need a compiler ---
+# --- build the wheel on the same base (same Python): the C kernels (exact resize, iRPE ops for ONNX Runtime) need a compiler ---
 FROM python AS wheel
 # python:*-slim ships Python.h; Debian's python3 needs python3-dev for it.
 # hadolint ignore=DL3008
@@ -49,7 +49,7 @@ COPY plugins ./plugins
 COPY training ./training
 COPY bench ./bench
 RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
-    && /opt/venv/bin/python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/wheels/*.whl')[0]).namelist(); sys.exit(not all(any(k in n for n in names) for k in ('_resample', '_ortops', '_ovops')))"
+    && /opt/venv/bin/python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/wheels/*.whl')[0]).namelist(); sys.exit(not all(any(k in n for n in names) for k in ('_resample', '_ortops')))"
 
 # --- final image, from the variant picked with --build-arg VARIANT=gpu|cpu ---
 # hadolint ignore=DL3006

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import onnx_wire
 from .onnx_wire import Node
-from .openvino_graph import ROWS_PERM, one_hot_index, separable_index  # (imports no openvino)
+from .openvino_graph import ROWS_PERM  # the row layout both rewrites undo (imports no openvino)
 from .protowire import Malformed
 
 DOMAIN = "irpe.ort"
@@ -196,8 +196,15 @@ def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     if found is None or found[2] != gw or row_hot.shape[:3] != (n, 1, m) or found[1] + gh * gw != n:
         return None
     attn, skip, _ = found
-    index = separable_index(row_hot, col_hot, skip)
-    return (attn, index, m * m) if index is not None else None
+    index = np.full((n, n), -1, np.int32)
+    for i in range(n):  # a query's keys: all in buckets (a patch query) or none (a prefix query)
+        rows_i, cols_i = row_hot[i, 0].T, col_hot[i]  # (gh, m), (gw, m)
+        if not (rows_i.any() or cols_i.any()):
+            continue
+        if not (_one_hot_rows(rows_i, exact=True) and _one_hot_rows(cols_i, exact=True)):
+            return None
+        index[i, skip:] = (rows_i.argmax(1)[:, None] * m + cols_i.argmax(1)[None, :]).reshape(-1)
+    return attn, index, m * m
 
 
 def _one_hot(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
@@ -205,5 +212,13 @@ def _one_hot(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     matched before the constant is read (every weight matrix is some MatMul's second input)."""
     found = _query_rows(graph, node.inputs[0]) if node.op_type == "MatMul" else None
     hot = graph.const(node.inputs[1]) if found is not None and not found[1] else None
-    index = one_hot_index(hot) if hot is not None and hot.ndim == 3 and hot.shape[0] == found[2] else None
-    return (found[0], index, hot.shape[2]) if index is not None else None
+    if hot is None or hot.ndim != 3 or hot.shape[0] != hot.shape[1] or hot.shape[0] != found[2] \
+            or not _one_hot_rows(hot, exact=True):
+        return None
+    return found[0], hot.argmax(-1).astype(np.int32), hot.shape[2]
+
+
+def _one_hot_rows(hot: np.ndarray, exact: bool = False) -> bool:
+    """Every last-axis row of ``hot`` is all zeros (or, ``exact``, never) but for one 1."""
+    ones = (hot == 1).sum(-1)
+    return bool(((hot == 0) | (hot == 1)).all() and ((ones == 1) if exact else (ones <= 1)).all())

@@ -6,12 +6,11 @@ that load from other processes hits every path alike, the median latency of: ONN
 fp32 and bf16, our int8 QDQ model.onnx on ONNX Runtime and on OpenVINO (bf16 elsewhere), and OpenVINO NNCF
 int8 (``ModelType.TRANSFORMER``, bf16 elsewhere) quantized by the bench from the same fp32 model as the
 anchor; ``ort-fp32-std`` is ONNX Runtime fp32 on the file as exported, without the irpe.ort custom ops the
-server's engine puts in (:mod:`irpe.artifact.ort_graph`), and ``ov-bf16-std`` / ``ov-int8-std`` are the bf16 and
-int8 OpenVINO paths without the fused iRPE attention op (:mod:`irpe.artifact.openvino_attention`). Each round
-runs the paths in a fresh random order and ONNX Runtime does not spin after a run, so no path inherits another's
-busy threads. Ratios are to ONNX Runtime fp32 of the same model and batch. ``--served`` adds served req/s of the
-fp32 artifact on ONNX Runtime vs the int8 artifact on the default backend (``irpe serve``, real JPEGs). Every model
-runs in the same rounds: the table gives each path's iRPE/plain ratio too (:func:`format_plain_ratios`).
+server's engine puts in (:mod:`irpe.artifact.ort_graph`). Each round runs the paths in a fresh random order
+and ONNX Runtime does not spin after a run, so no path inherits another's busy threads. Ratios are to ONNX
+Runtime fp32 of the same model and batch. ``--served`` adds served req/s of the fp32 artifact on ONNX Runtime
+vs the int8 artifact on the default backend (``irpe serve``, real JPEGs). Every model runs in the same
+rounds: the table gives each path's iRPE/plain ratio too (:func:`format_plain_ratios`).
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from typing import Any
 import numpy as np
 
 Runner = Callable[[np.ndarray], Any]
-PATHS = ("ort-fp32", "ort-fp32-std", "ov-fp32", "ov-bf16", "ov-bf16-std", "ort-int8", "ov-int8", "ov-int8-std",
-         "nncf-int8")
+PATHS = ("ort-fp32", "ort-fp32-std", "ov-fp32", "ov-bf16", "ort-int8", "ov-int8", "nncf-int8")
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "cat", "immunohistochemistry", "hubble_deep_field",
           "camera", "coins", "horse", "moon", "page")
 
@@ -139,17 +137,15 @@ def runners(fp32: Path, int8: Path, calib: np.ndarray, threads: int, paths: Sequ
     out: dict[str, Runner] = {}
     core = ov.Core()
 
-    def read(path: str, bf16: bool = False) -> Any:  # as the server's OpenVINO engine reads model.onnx
-        return read_model(core, path, bf16=bf16, threads=threads)
+    def read(path: str) -> Any:  # as the server's OpenVINO engine reads model.onnx
+        return read_model(core, path)
     table: dict[str, Callable[[], Runner | None]] = {
         "ort-fp32": lambda: _ort(fp32 / "model.onnx", threads),
         "ort-fp32-std": lambda: _ort(fp32 / "model.onnx", threads, ops=False),
         "ov-fp32": lambda: _ov(read(str(fp32 / "model.onnx")), "fp32", threads),
-        "ov-bf16": lambda: _ov(read(str(fp32 / "model.onnx"), bf16=True), "bf16", threads),
-        "ov-bf16-std": lambda: _ov(read(str(fp32 / "model.onnx")), "bf16", threads),
+        "ov-bf16": lambda: _ov(read(str(fp32 / "model.onnx")), "bf16", threads),
         "ort-int8": lambda: _ort(int8 / "model.onnx", threads),
-        "ov-int8": lambda: _ov(read(str(int8 / "model.onnx"), bf16=True), "bf16", threads),
-        "ov-int8-std": lambda: _ov(read(str(int8 / "model.onnx")), "bf16", threads),
+        "ov-int8": lambda: _ov(read(str(int8 / "model.onnx")), "bf16", threads),
         "nncf-int8": lambda: (lambda m: _ov(m, "bf16", threads) if m is not None else None)(
             nncf_model(fp32 / "model.onnx", calib))}
     for p in paths:

@@ -148,7 +148,7 @@ def openvino_compiled(onnx_path: str | Path, precision: str) -> Any:
     from irpe.artifact.openvino_graph import read_model
 
     core = ov.Core()
-    model = read_model(core, onnx_path, bf16=precision == "bf16")  # the graph the server's OpenVINO engine runs
+    model = read_model(core, onnx_path)  # the graph the server's OpenVINO engine runs
     hint = "bf16" if precision == "bf16" else "f32"
     return core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"})
 

@@ -34,11 +34,9 @@ def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
                                     "QDQ on both runtimes, OpenVINO NNCF int8 (anchor)")
     p.add_argument("--models", default="plain,k,qkv", help="comma list of plain, k, qk, qkv (default plain,k,qkv)")
     p.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
-    p.add_argument("--paths", default="ort-fp32,ort-fp32-std,ov-fp32,ov-bf16,ov-bf16-std,ort-int8,ov-int8,"
-                                      "ov-int8-std,nncf-int8",
+    p.add_argument("--paths", default="ort-fp32,ort-fp32-std,ov-fp32,ov-bf16,ort-int8,ov-int8,nncf-int8",
                    help="comma list of the paths to time (ort-fp32-std: ONNX Runtime on the file as exported, "
-                        "without the irpe.ort custom ops; ov-bf16-std, ov-int8-std: without the fused iRPE "
-                        "attention op)")
+                        "without the irpe.ort custom ops)")
     p.add_argument("--repeats", type=int, default=10, help="interleaved timed rounds (median reported)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="threads per runtime (default: all cores)")

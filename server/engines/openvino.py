@@ -1,9 +1,8 @@
 """OpenVINO CPU engine: the artifact's model.onnx (fp32 or int8 QDQ) compiled by OpenVINO, imported lazily.
 
 Same interface as :class:`irpe.server.engine.OrtEngine`: ``run(float32 [N,3,H,W]) -> float32 [N,classes]``.
-No separate IR: OpenVINO reads the ONNX file, its iRPE layers rewritten into OpenVINO's fast forms
-(:mod:`irpe.artifact.openvino_graph`; in bf16 the fused attention op of :mod:`irpe.artifact.openvino_attention`);
-compiled blobs are cached in ``IRPE_OV_CACHE_DIR`` when set.
+No separate IR: OpenVINO reads the ONNX file, its iRPE q/k lookups are rewritten into OpenVINO's fast form
+(:mod:`irpe.artifact.openvino_graph`, same answers); compiled blobs are cached in ``IRPE_OV_CACHE_DIR`` when set.
 
 Precision (``--precision``): ``fp32`` runs float parts in f32; ``bf16`` sets OpenVINO's inference-precision
 hint to bf16 (only where the CPU has native bf16, else fp32 and a log line); ``auto`` is bf16 where the CPU has
@@ -110,8 +109,7 @@ def compile_onnx(onnx_path: str | Path, *, precision: str = "fp32", threads: int
         core.set_property({"CACHE_DIR": cache})
     threads = threads or max(1, (os.cpu_count() or 1) // max(1, streams))
     try:
-        model = read_model(core, onnx_path, bf16=precision == "bf16", threads=threads)
-        return core.compile_model(model, "CPU", compile_config(precision, threads, streams))
+        return core.compile_model(read_model(core, onnx_path), "CPU", compile_config(precision, threads, streams))
     except Exception as e:  # OpenVINO raises RuntimeError subclasses with multi-line messages
         raise EngineError(f"{onnx_path}: OpenVINO cannot compile it ({str(e).strip().splitlines()[0][:200]}); "
                           "re-run `irpe export` or use --backend onnxruntime") from None
