@@ -1,0 +1,165 @@
+"""``grpc.health.v1.Health`` and server reflection on ``irpe serve --grpc-port``, proven by grpcio's own health
+stub and reflection client against a real ``irpe serve`` on 127.0.0.1: Check follows readiness (the default
+model unloaded and loaded again over HTTP), Watch sends only changes and ends when the server stops, unknown
+services are NOT_FOUND, health and reflection need no key while inference does, and reflection resolves the
+KServe v2 messages."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from tests.reliability.procs import ServerProcess, server_env, start_server
+from tests.server.test_grpc import grpc_address
+
+KEY = "health-test-key"
+MODEL = "tiny-mean"
+SERVICE = "inference.GRPCInferenceService"
+HEALTH = "grpc.health.v1.Health"
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+GRACE_S = 30  # --timeout-s: how long a stop would wait for an open Watch that did not end by itself
+
+
+@pytest.fixture(scope="module")
+def server(tiny_artifact: Path) -> Iterator[ServerProcess]:
+    proc = start_server(tiny_artifact, "--grpc-port", "0", "--model-control", "explicit",
+                        "--timeout-s", str(GRACE_S), env=server_env(IRPE_API_KEY=KEY))
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        proc.log.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(grpc_address(server)) as chan:
+        yield chan
+
+
+def check(channel: grpc.Channel, service: str = "") -> int:
+    """Check's status for ``service``, called without any metadata (no key)."""
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+
+
+def control(server: ServerProcess, action: str) -> None:
+    """Load or unload the default model over HTTP (a loopback bind: the API key suffices)."""
+    r = httpx.post(f"{server.url}/v2/repository/models/{MODEL}/{action}", json={},
+                   headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+class Watcher:
+    """A Watch stream read on a thread into a queue (each status with its arrival time); its final code."""
+
+    def __init__(self, channel: grpc.Channel, service: str = ""):
+        self.call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=service),
+                                                              timeout=120)
+        self.seen: queue.Queue[tuple[int, float]] = queue.Queue()
+        self.code: grpc.StatusCode | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for answer in self.call:
+                self.seen.put((answer.status, time.monotonic()))
+            self.code = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            self.code = e.code()
+
+    def next(self, timeout: float = 15.0) -> int:
+        return self.seen.get(timeout=timeout)[0]
+
+    def quiet_for(self, seconds: float) -> bool:
+        """True when nothing arrives within ``seconds``."""
+        try:
+            self.seen.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        return False
+
+
+def test_check_is_serving_when_ready_without_a_key(channel: grpc.Channel) -> None:
+    assert check(channel) == SERVING
+    assert check(channel, SERVICE) == SERVING
+
+
+def test_check_of_an_unknown_service_is_not_found(channel: grpc.Channel) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        check(channel, "no.such.Service")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "no.such.Service" in e.value.details() and SERVICE in e.value.details()
+
+
+def test_inference_needs_the_key_while_health_does_not(channel: grpc.Channel) -> None:
+    metadata = channel.unary_unary(f"/{SERVICE}/ServerMetadata")  # raw bytes: an empty message is b""
+    with pytest.raises(grpc.RpcError) as e:
+        metadata(b"", timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert metadata(b"", timeout=10, metadata=[("authorization", f"Bearer {KEY}")])
+    assert check(channel) == SERVING
+
+
+def test_watch_sends_changes_only_and_check_follows_readiness(server: ServerProcess, channel: grpc.Channel) -> None:
+    watch = Watcher(channel)
+    try:
+        assert watch.next() == SERVING
+        assert watch.quiet_for(2.5)  # more than two of the server's re-reads: nothing sent without a change
+        control(server, "unload")
+        assert watch.next() == NOT_SERVING
+        assert check(channel) == NOT_SERVING and check(channel, SERVICE) == NOT_SERVING
+        assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 503  # the same readiness
+        control(server, "load")
+        assert watch.next() == SERVING
+        assert check(channel) == SERVING
+    finally:
+        watch.call.cancel()
+        watch.thread.join(10)
+    assert watch.code == grpc.StatusCode.CANCELLED
+
+
+def test_watch_of_an_unknown_service_answers_service_unknown(channel: grpc.Channel) -> None:
+    watch = Watcher(channel, "no.such.Service")
+    try:
+        assert watch.next() == SERVICE_UNKNOWN
+        assert watch.quiet_for(1.5)
+    finally:
+        watch.call.cancel()
+        watch.thread.join(10)
+
+
+def test_reflection_lists_the_services_and_resolves_model_infer(channel: grpc.Channel) -> None:
+    database = ProtoReflectionDescriptorDatabase(channel)  # sends no key
+    assert {SERVICE, HEALTH} <= set(database.get_services())
+    pool = descriptor_pool.DescriptorPool(database)
+    infer = pool.FindServiceByName(SERVICE).methods_by_name["ModelInfer"]
+    assert infer.input_type.full_name == "inference.ModelInferRequest"
+    assert "raw_input_contents" in infer.input_type.fields_by_name
+    assert pool.FindServiceByName(HEALTH).methods_by_name["Watch"].server_streaming
+    with pytest.raises(KeyError):  # only the served protocol's files, not whatever else the process imported
+        database.FindFileContainingSymbol("google.protobuf.FileDescriptorProto")
+
+
+def test_watch_ends_with_not_serving_when_the_server_stops(server: ServerProcess, channel: grpc.Channel) -> None:
+    """Last in this module: it stops the module's server."""
+    watch = Watcher(channel)
+    assert watch.next() == SERVING
+    start = time.monotonic()
+    server.proc.terminate()
+    assert watch.next() == NOT_SERVING
+    watch.thread.join(GRACE_S / 2)
+    assert watch.code == grpc.StatusCode.OK  # the server ended the stream, well before the grace ran out
+    assert time.monotonic() - start < GRACE_S / 2
+    assert server.proc.wait(GRACE_S / 2) in (0, -15)
