@@ -7,6 +7,7 @@ import names that differ from their distribution names are listed here.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from importlib import metadata
 
@@ -20,9 +21,23 @@ MODULE_TO_DISTRIBUTION = {
     "cuda": "cuda-python",
     "multipart": "python-multipart",
     "prometheus_client": "prometheus-client",
+    "grpc_health": "grpcio-health-checking",
+    "grpc_reflection": "grpcio-reflection",
+    "grpc": "grpcio",
+    "google": "protobuf",
+    "google.protobuf": "protobuf",
+    "opentelemetry": "opentelemetry-sdk",
+    "opentelemetry.exporter": "opentelemetry-exporter-otlp-proto-http",
 }
+# import prefix -> the extra that brings it, where its distribution sits in several extras with different parts
+MODULE_EXTRA = {"tritonclient.grpc": "grpc", "tritonclient.http": "dev"}
 # what a command needs first, when a package sits in several extras (torch: export and train)
-COMMAND_EXTRA = {"export": "export", "train": "train", "bench": "export", "models": "export"}
+COMMAND_EXTRA = {"export": "export", "train": "train", "bench": "export", "models": "export", "serve": "cpu",
+                 "classify": "cpu", "visualize": "train", "quickstart": "train"}
+# the extra a user is never told first while another extra brings the package
+DEVELOPER_EXTRA = "dev"
+# what ``irpe serve --grpc-port`` imports from the [grpc] extra
+GRPC_MODULES = ("grpc", "google.protobuf", "tritonclient.grpc")
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)[^;]*;.*extra\s*==\s*['\"]([^'\"]+)['\"]")
 
 
@@ -44,11 +59,36 @@ def extras_by_distribution() -> dict[str, list[str]]:
     return out
 
 
+def _longest_prefix(module: str, table: dict[str, str]) -> str | None:
+    """The value of the longest dotted prefix of ``module`` in ``table`` (None when no prefix is listed)."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in table:
+            return table[prefix]
+    return None
+
+
 def extras_for_module(module: str) -> tuple[str, list[str]]:
-    """(distribution, extras providing it) for a top-level import name."""
+    """The distribution that provides an import name and the extras that install it.
+
+    Args:
+        module: the import name that failed, dotted or not (``grpc``, ``google.protobuf``).
+
+    Returns:
+        ``(distribution, extras)``; ``extras`` is empty when no extra of irpe-deploy installs it.
+    """
     top = module.split(".")[0]
-    dist = MODULE_TO_DISTRIBUTION.get(top, top)
+    dist = _longest_prefix(module, MODULE_TO_DISTRIBUTION) or top
     return dist, extras_by_distribution().get(_normalise(dist), [])
+
+
+def _choose_extra(module: str, extras: list[str], command: str | None) -> str:
+    """The extra to name: the module's own, else the command's, else the first one that is not for developers."""
+    for wanted in (_longest_prefix(module, MODULE_EXTRA), COMMAND_EXTRA.get(command or "")):
+        if wanted in extras:
+            return wanted
+    return next((e for e in extras if e != DEVELOPER_EXTRA), extras[0])
 
 
 def missing_module_message(module: str, command: str | None = None) -> str | None:
@@ -60,13 +100,32 @@ def missing_module_message(module: str, command: str | None = None) -> str | Non
         from irpe.plugins.tensorrt_plugin import missing_tensorrt_message
 
         return missing_tensorrt_message(f"irpe {command}" if command else "this command", f"no module {module!r}")
-    dist, extras = extras_for_module(top)
+    dist, extras = extras_for_module(module)
     what = f"irpe {command}" if command else "this command"
     if not extras:
         return f"{what} needs the Python package {dist} (import {module!r} failed): pip install {dist}"
-    preferred = COMMAND_EXTRA.get(command or "")
-    extra = preferred if preferred in extras else extras[0]
+    extra = _choose_extra(module, extras, command)
     others = [e for e in extras if e != extra]
     also = f" (also in [{'], ['.join(others)}])" if others else ""
     return (f"{what} needs {dist} (import {module!r} failed), from the [{extra}] extra{also}: "
             f"pip install '{DISTRIBUTION}[{extra}]'")
+
+
+def require_modules(modules: tuple[str, ...]) -> None:
+    """Check that each of ``modules`` can be imported, without importing it (its parent package is imported).
+
+    Args:
+        modules: import names, dotted or not, that a feature needs (``grpc``, ``tritonclient.grpc``).
+
+    Raises:
+        ModuleNotFoundError: for the first missing one, with ``name`` set, so the CLI names its extra.
+    """
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError as e:  # a missing parent package
+            raise ModuleNotFoundError(str(e), name=e.name or module) from None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)

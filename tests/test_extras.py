@@ -7,24 +7,31 @@ Each case runs the real CLI in a fresh interpreter where the listed modules cann
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from irpe.extras import extras_by_distribution, missing_module_message
+from irpe.extras import GRPC_MODULES, extras_by_distribution, missing_module_message
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "deit_tiny_patch16_224_ctx_product_50_shared_k"
 PYPROJECT_EXTRAS = ("export", "train", "plugins", "gpu", "dev")
 
 
-def _cli(blocked: list[str], argv: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    code = (f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n"
+def _cli_code(blocked: list[str], argv: list[str]) -> str:
+    return (f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n"
             f"from irpe.cli import main\nsys.exit(main({argv!r}))\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def _cli(blocked: list[str], argv: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _cli_code(blocked, argv)], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
 
 
 def _assert_one_line(res: subprocess.CompletedProcess, command: str, extra: str, package: str) -> None:
@@ -103,3 +110,110 @@ def test_gpu_extra_is_named_when_onnxruntime_has_no_cuda():
         pytest.skip("no GPU: this onnxruntime has CUDA, the message is for CPU-only builds")
     with pytest.raises(EngineError, match=r"pip install 'irpe-deploy\[gpu\]' \(onnxruntime-gpu\)"):
         OrtEngine(Path("unused.onnx"), None, device="cuda", threads=1, max_batch=1)
+
+
+@dataclass(frozen=True)
+class ExtraCase:
+    """How a user meets a missing extra: the CLI run with ``blocked`` modules unimportable, and the package its
+    one-line error names beside ``pip install 'irpe-deploy[EXTRA]'``."""
+
+    blocked: tuple[str, ...]
+    argv: tuple[str, ...]
+    package: str
+
+
+# every extra whose packages an irpe command imports within seconds on this machine
+CLI_CASES = {
+    "export": ExtraCase(("torch",), ("export", "ckpt.pth", "-o", "out"), "torch"),
+    "train": ExtraCase(("matplotlib",), ("visualize", "-o", "out"), "matplotlib"),
+    "cpu": ExtraCase(("openvino",), ("classify", "img.png", "--model", "digits", "--backend", "openvino"),
+                     "openvino"),
+    # onnxruntime-gpu installs the same module as onnxruntime: what is missing is its CUDA provider
+    "gpu": ExtraCase((), ("classify", "img.png", "--model", "digits", "--device", "cuda"), "onnxruntime-gpu"),
+    "grpc": ExtraCase(("grpc",), ("serve", "digits", "--port", "0", "--grpc-port", "0"), "grpcio"),
+}
+# extras that no command reaches here within seconds: the module, the command, and why; the CLI line is the
+# message irpe.extras writes for that module (tests below assert it)
+MESSAGE_CASES = {
+    "bench-cpu": ("nncf", "bench", "irpe bench cpu exports DeiT-S first (minutes), then notes the missing anchor"),
+    "plugins": ("triton", "export", "only after TensorRT imports (a GPU host) does export import triton"),
+    "dev": ("pytest", None, "developer tools: no irpe command imports them"),
+}
+# tracing is optional: a missing [otel] extra is a warning line at start-up, and the server runs on
+WARNING_CASES = {"otel": ("opentelemetry.sdk", "opentelemetry.exporter")}
+
+
+def test_every_extra_of_pyproject_has_a_case():
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    covered = set(CLI_CASES) | set(MESSAGE_CASES) | set(WARNING_CASES)
+    assert covered == declared, f"add a case to tests/test_extras.py for the extras {sorted(declared - covered)}"
+
+
+def _image(folder: Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (28, 28), (255, 255, 255)).save(folder / "img.png")
+
+
+@pytest.mark.parametrize("extra", sorted(CLI_CASES))
+def test_each_extra_missing_is_one_cli_line_naming_it(extra, tmp_path):
+    case = CLI_CASES[extra]
+    if extra == "gpu":
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            pytest.skip("this onnxruntime has CUDA: the [gpu] extra is installed")
+    _image(tmp_path)
+    res = _cli(list(case.blocked), list(case.argv), tmp_path, timeout=120)
+    _assert_one_line(res, case.argv[0], extra, case.package)
+
+
+@pytest.mark.parametrize(("module", "package"), list(zip(GRPC_MODULES, ("grpcio", "protobuf", "tritonclient"),
+                                                         strict=True)))
+def test_serve_grpc_port_names_the_grpc_extra_for_each_of_its_modules(module, package, tmp_path):
+    res = _cli([module], ["serve", "digits", "--port", "0", "--grpc-port", "0"], tmp_path, timeout=120)
+    _assert_one_line(res, "serve", "grpc", package)
+    assert "pip install grpc " not in res.stderr and not res.stderr.rstrip().endswith("pip install grpc")
+
+
+@pytest.mark.parametrize("extra", sorted(MESSAGE_CASES))
+def test_extras_no_quick_command_reaches_have_their_line(extra):
+    module, command, _why = MESSAGE_CASES[extra]
+    msg = missing_module_message(module, command)
+    assert f"pip install 'irpe-deploy[{extra}]'" in msg and "\n" not in msg, msg
+
+
+def test_missing_otel_extra_is_a_startup_warning_naming_it(tmp_path):
+    blocked = list(WARNING_CASES["otel"])
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9")
+    proc = subprocess.Popen([sys.executable, "-c", _cli_code(blocked, ["serve", "digits", "--port", "0"])],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path, env=env)
+    killer = threading.Timer(90, proc.kill)
+    killer.start()
+    lines: list[str] = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "listening on" in line:
+                break
+    finally:
+        killer.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert any("listening on" in ln for ln in lines), "".join(lines)
+    warning = [ln for ln in lines if "OTEL_EXPORTER_OTLP_ENDPOINT" in ln]
+    assert len(warning) == 1 and "pip install 'irpe-deploy[otel]'" in warning[0], "".join(lines)
+
+
+@pytest.mark.parametrize(("module", "command", "extra", "package"), [
+    ("grpc", "serve", "grpc", "grpcio"), ("google.protobuf", "serve", "grpc", "protobuf"),
+    ("tritonclient.grpc", "serve", "grpc", "tritonclient"), ("tritonclient", "bench", "grpc", "tritonclient"),
+    ("opentelemetry.sdk.trace", "serve", "otel", "opentelemetry-sdk"),
+    ("opentelemetry.exporter.otlp.proto.http", "serve", "otel", "opentelemetry-exporter-otlp-proto-http"),
+    ("openvino", "serve", "cpu", "openvino"), ("openvino", "export", "export", "openvino"),
+])
+def test_dotted_and_shared_modules_name_the_right_extra_and_package(module, command, extra, package):
+    msg = missing_module_message(module, command)
+    assert f"needs {package} " in msg and f"pip install 'irpe-deploy[{extra}]'" in msg, msg
