@@ -18,34 +18,76 @@ whose first input is a constant, in f32 over thousands of (m, gh) x (gh, m) prod
 MatMul merge into one FullyConnected batched over the query's grid row, whose constant is (gh, gh*m, d): query
 row r's weights for (key row, column bucket) pairs, W[a(r, key row), column bucket]. Prefix queries (all their
 patch-bucket sums are zero) get zeros. Same sums, another order: 1e-6 in f32.
+
+The graph is untrusted: the walks keep :mod:`.graph_limits` (each node once per walk, no recursion, a depth
+and a term limit, a time budget), and a rewrite that gives up or fails in any way leaves the model as OpenVINO
+reads the file, said in one warning line.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 
+from . import graph_limits
+from .graph_limits import Budget, Leaf, Through
+
+log = logging.getLogger("irpe.artifact")
 ROWS_PERM = [2, 3, 0, 1]  # (N, H, n, K') -> (n, K', N, H) and (n, n, N, H) -> (N, H, n, n)
 
 
-def read_model(core: Any, onnx_path: Any) -> Any:
-    """``onnx_path`` read by ``core`` (an ``openvino.Core``) as an ``openvino.Model``, its lookups rewritten:
-    how the server's engine, the export's bf16 fidelity check and the benches read an artifact."""
+def read_model(core: Any, onnx_path: Any, budget_s: float = graph_limits.BUDGET_S) -> Any:
+    """How the server's engine, the export's bf16 fidelity check and the benches read an artifact.
+
+    Args:
+        core: an ``openvino.Core``.
+        onnx_path: the artifact's model.onnx.
+        budget_s: how long the rewrite may take before the model as read from the file is used.
+
+    Returns:
+        The ``openvino.Model`` with its lookups rewritten; as read from the file when the rewrite gives up or
+        fails (one warning line says why).
+
+    Raises:
+        Whatever ``core.read_model`` raises for a file OpenVINO cannot read.
+    """
     model = core.read_model(str(onnx_path))
-    last_axis_lookups(model)
-    grouped_value_sums(model)
+    try:
+        budget = Budget(budget_s)
+        last_axis_lookups(model, budget)
+        grouped_value_sums(model, budget)
+    except Exception as e:  # RewriteRefused, or a graph no exported model has: the file as exported still serves
+        log.warning("%s: the iRPE lookup rewrite for OpenVINO gave up (%s: %s); OpenVINO runs the file as "
+                    "exported", onnx_path, type(e).__name__, str(e)[:200])
+        log.debug("the OpenVINO rewrite of %s failed", onnx_path, exc_info=True)
+        model = core.read_model(str(onnx_path))  # the rewrite may have changed part of the graph in place
     return model
 
 
-def last_axis_lookups(model: Any) -> int:
-    """Rewrite every row-layout lookup of ``model`` (an ``openvino.Model``) in place; the number rewritten."""
+def last_axis_lookups(model: Any, budget: Budget | None = None) -> int:
+    """Rewrite every row-layout lookup of ``model`` (an ``openvino.Model``) in place.
+
+    Args:
+        model: an ``openvino.Model``.
+        budget: the time the rewrite may take (:data:`.graph_limits.BUDGET_S` when None).
+
+    Returns:
+        The number of lookups rewritten.
+
+    Raises:
+        RewriteRefused: the budget ran out.
+    """
     import openvino.opset13 as ops
 
+    budget = budget or Budget()
     shared: dict[bytes, Any] = {}  # one (n, n) index constant per distinct table, as in the ONNX graph
     count = 0
     for node in model.get_ordered_ops():
-        found = _row_lookups(node)
+        budget.check()
+        found = _row_lookups(node, budget)
         if not found:
             continue
         total = None
@@ -62,41 +104,46 @@ def last_axis_lookups(model: Any) -> int:
     return count
 
 
-def _row_lookups(node: Any) -> list[tuple[Any, np.ndarray, int]] | None:
+def _row_lookups(node: Any, budget: Budget) -> list[tuple[Any, np.ndarray, int]] | None:
     """For the final transpose of a row-layout lookup: its (lut, flat index, n) terms; else None."""
     if node.get_type_name() != "Transpose" or _perm(node) != ROWS_PERM:
         return None
     grid = node.input_value(0).get_node()
     if grid.get_type_name() != "Reshape":
         return None
-    return _gathers(grid.input_value(0))
+    return graph_limits.summed_terms(grid.input_value(0), _summand, _key, budget)
 
 
-def _gathers(value: Any) -> list[tuple[Any, np.ndarray, int]] | None:
-    """The row gathers summed into ``value`` (through flattening Reshapes and Adds), or None."""
+def _key(value: Any) -> Hashable:
+    return value.get_node().get_instance_id(), value.get_index()
+
+
+def _summand(value: Any) -> Through | Leaf:
+    """What ``value`` is in a sum of row gathers (through flattening Reshapes and Adds): an Add or Reshape
+    (walk on), a row gather (its (lut, flat index, n)), or neither."""
     node = value.get_node()
     kind = node.get_type_name()
     if kind == "Add":
-        a, b = _gathers(node.input_value(0)), _gathers(node.input_value(1))
-        return a + b if a is not None and b is not None else None
+        return Through((node.input_value(0), node.input_value(1)))
     if kind == "Reshape":
-        return _gathers(node.input_value(0))
-    if kind != "Gather":
-        return None
+        return Through((node.input_value(0),))
+    if kind != "Gather" or node.get_input_size() != 3:
+        return Leaf(None)
     index, axis, rows = (node.input_value(i).get_node() for i in (1, 2, 0))
-    if not (_constant(index) and _constant(axis) and int(axis.get_data().reshape(-1)[0]) == 0):
-        return None
+    if not (_constant(index) and _constant(axis)) or axis.get_data().size != 1 \
+            or int(axis.get_data().reshape(-1)[0]) != 0:
+        return Leaf(None)
     flat = index.get_data().reshape(-1)
     n = int(round(np.sqrt(flat.size)))
     transpose = rows.input_value(0).get_node() if rows.get_type_name() == "Reshape" else None
     if n * n != flat.size or transpose is None or transpose.get_type_name() != "Transpose" \
             or _perm(transpose) != ROWS_PERM:
-        return None
+        return Leaf(None)
     lut = transpose.input_value(0)
     rank = lut.get_partial_shape().rank
     if not rank.is_static or rank.get_length() != 4:
-        return None
-    return [(lut, flat, n)]
+        return Leaf(None)
+    return Leaf([(lut, flat, n)])
 
 
 def _constant(node: Any) -> bool:
@@ -108,12 +155,25 @@ def _perm(node: Any) -> list[int] | None:
     return [int(v) for v in source.get_data().reshape(-1)] if _constant(source) else None
 
 
-def grouped_value_sums(model: Any) -> int:
-    """Rewrite every separable value-side sum with shared weights of ``model`` in place; the number rewritten."""
+def grouped_value_sums(model: Any, budget: Budget | None = None) -> int:
+    """Rewrite every separable value-side sum with shared weights of ``model`` in place.
+
+    Args:
+        model: an ``openvino.Model``.
+        budget: the time the rewrite may take (:data:`.graph_limits.BUDGET_S` when None).
+
+    Returns:
+        The number of value sums rewritten.
+
+    Raises:
+        RewriteRefused: the budget ran out.
+    """
     import openvino.opset13 as ops
 
+    budget = budget or Budget()
     count = 0
     for node in model.get_ordered_ops():
+        budget.check()
         found = _separable_values(node)
         if found is None:
             continue

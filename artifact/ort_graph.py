@@ -17,22 +17,29 @@ The lookup index is read off the graph's own constants (the row index, the one-h
 graph decides the buckets. Graphs without the patterns (plain DeiT, bias mode, plugin graphs) are left alone.
 The graph is read and written in the wire format (:mod:`.onnx_wire`: the serving image has no onnx package).
 ``IRPE_ORT_OPS=0`` turns the rewrite off; without the compiled library it is off too.
+
+The graph is untrusted: the walks keep :mod:`.graph_limits` (each node once per walk, no recursion, a depth
+and a term limit, a time budget), and a rewrite that gives up or fails in any way leaves ONNX Runtime the file
+as exported, said in one warning line.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
-from . import onnx_wire
+from . import graph_limits, onnx_wire
+from .graph_limits import Budget, Leaf, Through
 from .onnx_wire import Node
 from .openvino_graph import ROWS_PERM  # the row layout both rewrites undo (imports no openvino)
 from .protowire import Malformed
 
+log = logging.getLogger("irpe.artifact")
 DOMAIN = "irpe.ort"
-MAX_TERMS = 4  # lookups summed into one node: LookupAdd, LookupAdd2 .. LookupAdd4 (_ortops.c)
+MAX_TERMS = graph_limits.MAX_TERMS  # lookups summed into one node: LookupAdd, LookupAdd2 .. LookupAdd4 (_ortops.c)
 QUERY_MAJOR = [2, 0, 1, 3]  # attn (N, H, n, n) -> (n, N, H, n)
 
 
@@ -45,25 +52,56 @@ def library() -> str | None:
     return _ortops.__file__
 
 
-def prepare(onnx_path: str | Path) -> tuple[str | bytes, str | None]:
-    """(what to hand ``onnxruntime.InferenceSession``, the library to register on its SessionOptions or None):
-    model.onnx's path as it is, or its bytes with the lookups rewritten."""
+def prepare(onnx_path: str | Path, budget_s: float = graph_limits.BUDGET_S) -> tuple[str | bytes, str | None]:
+    """What ONNX Runtime reads for ``onnx_path``.
+
+    Args:
+        onnx_path: the artifact's model.onnx.
+        budget_s: how long the rewrite may take before the file as exported is used.
+
+    Returns:
+        (what to hand ``onnxruntime.InferenceSession``, the library to register on its SessionOptions or None):
+        model.onnx's path as it is, or its bytes with the lookups rewritten. Never raises for a bad graph: a
+        rewrite that gives up or fails leaves the path (one warning line says why).
+    """
     lib = library() if os.environ.get("IRPE_ORT_OPS", "1") != "0" else None
     if lib is None:
         return str(onnx_path), None
     try:
         data = Path(onnx_path).read_bytes()
-        out = rewrite(data)
+        out = rewrite(data, Budget(budget_s))
     except (OSError, Malformed):  # unreadable, or not an ONNX file: ONNX Runtime reads the path and says so
+        return str(onnx_path), None
+    except Exception as e:  # RewriteRefused, or a graph no exported model has: the file as exported still serves
+        log.warning("%s: the iRPE lookup rewrite gave up (%s: %s); ONNX Runtime runs the file as exported",
+                    onnx_path, type(e).__name__, str(e)[:200])
+        log.debug("the rewrite of %s failed", onnx_path, exc_info=True)
         return str(onnx_path), None
     return (out, lib) if out is not None else (str(onnx_path), None)
 
 
-def rewrite(data: bytes) -> bytes | None:
-    """The ModelProto ``data`` with its lookups rewritten, or None when it has none."""
-    graph = Graph(onnx_wire.read(data))
-    count = sum(_lookup(graph, node) for node in list(graph.nodes) if node.op_type == "Add")
-    count += sum(_bucket_sums(graph, node) for node in list(graph.nodes) if node.op_type in ("Reshape", "MatMul"))
+def rewrite(data: bytes, budget: Budget | None = None) -> bytes | None:
+    """The ModelProto ``data`` with its lookups rewritten.
+
+    Args:
+        data: a ModelProto's bytes.
+        budget: the time the rewrite may take (:data:`.graph_limits.BUDGET_S` when None).
+
+    Returns:
+        The rewritten model's bytes, or None when it has no lookups (or none the limits let through).
+
+    Raises:
+        Malformed: ``data`` is not well-formed protobuf with one graph.
+        RewriteRefused: the budget ran out.
+    """
+    graph = Graph(onnx_wire.read(data), budget or Budget())
+    count = 0
+    for node in list(graph.nodes):
+        graph.budget.check()
+        count += _lookup(graph, node) if node.op_type == "Add" else 0
+    for node in list(graph.nodes):
+        graph.budget.check()
+        count += _bucket_sums(graph, node) if node.op_type in ("Reshape", "MatMul") else 0
     if not count:
         return None
     nodes, unused = graph.live()
@@ -73,10 +111,11 @@ def rewrite(data: bytes) -> bytes | None:
 class Graph:
     """A graph's nodes with their producers and constants indexed, and the constants added to it."""
 
-    def __init__(self, model: onnx_wire.Model):
-        self.model, self.nodes = model, list(model.nodes)
-        self.producer = {out: node for node in self.nodes for out in node.outputs}
+    def __init__(self, model: onnx_wire.Model, budget: Budget):
+        self.model, self.nodes, self.budget = model, list(model.nodes), budget
+        self.producer = {out: node for node in self.nodes for out in node.outputs if out}
         self.added: dict[str, np.ndarray] = {}
+        self._consts: dict[str, np.ndarray | None] = {}  # each constant decoded once, however many nodes read it
 
     def made_by(self, name: str, op: str) -> Node | None:
         node = self.producer.get(name)
@@ -85,10 +124,13 @@ class Graph:
     def const(self, name: str) -> np.ndarray | None:
         if name in self.added:
             return self.added[name]
-        node = self.made_by(name, "Constant")
-        if node is not None and "value" in node.tensors:
-            return onnx_wire.tensor(self.model.buf, *node.tensors["value"])
-        return self.model.array(name)
+        if name not in self._consts:
+            node = self.made_by(name, "Constant")
+            if node is not None and "value" in node.tensors:
+                self._consts[name] = onnx_wire.tensor(self.model.buf, *node.tensors["value"])
+            else:
+                self._consts[name] = self.model.array(name) if name else None
+        return self._consts[name]
 
     def add_const(self, array: np.ndarray, name: str) -> str:
         self.added.setdefault(name, array)
@@ -100,23 +142,32 @@ class Graph:
             self.producer[out] = new
 
     def live(self) -> tuple[list[Node], set[str]]:
-        """(the nodes something still reads, the initializers nothing reads any more)."""
-        nodes, outputs = self.nodes, set(self.model.outputs)
-        while True:
-            used = {i for node in nodes for i in node.inputs} | outputs
-            keep = [node for node in nodes if any(o in used for o in node.outputs)]
-            if len(keep) == len(nodes):
-                return keep, set(self.model.initializers) - used
-            nodes = keep
+        """(the nodes something still reads, the initializers nothing reads any more): the nodes the graph's
+        outputs are reached from, found backwards in one pass."""
+        makers: dict[str, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            for out in node.outputs:
+                makers.setdefault(out, []).append(i)
+        used, wanted, keep = set(self.model.outputs), list(self.model.outputs), set()
+        while wanted:
+            for i in makers.get(wanted.pop(), []):
+                if i not in keep:
+                    keep.add(i)
+                    fresh = [name for name in self.nodes[i].inputs if name not in used]
+                    used.update(fresh)
+                    wanted += fresh
+        return [node for i, node in enumerate(self.nodes) if i in keep], set(self.model.initializers) - used
 
 
 def _lookup(graph: Graph, add: Node) -> int:
     """``add`` = scores + (transpose back of row lookups): one LookupAdd[2] node in its place."""
+    if len(add.inputs) != 2:
+        return 0
     for scores, term in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
         back = graph.made_by(term, "Transpose")
-        back = back if back is not None and list(back.ints.get("perm", [])) == ROWS_PERM else None
-        grid = back is not None and graph.made_by(back.inputs[0], "Reshape")
-        found = _row_gathers(graph, grid.inputs[0]) if grid else None
+        back = back if back is not None and _perm(back) == ROWS_PERM else None
+        grid = back is not None and graph.made_by(_input(back, 0), "Reshape")
+        found = _row_gathers(graph, _input(grid, 0)) if grid else None
         if not found or len(found) > MAX_TERMS:
             continue
         inputs = [scores]
@@ -128,29 +179,46 @@ def _lookup(graph: Graph, add: Node) -> int:
     return 0
 
 
+def _input(node: Node | None, i: int) -> str:
+    """``node``'s input ``i``, or "" (none: nothing makes "")."""
+    return node.inputs[i] if node is not None and i < len(node.inputs) else ""
+
+
+def _perm(node: Node) -> list[int] | None:
+    perm = node.ints.get("perm")
+    return list(perm) if isinstance(perm, list) else None
+
+
 def _row_gathers(graph: Graph, name: str) -> list[tuple[str, np.ndarray, str]] | None:
     """(lut, flat row index, the index's name) of each row gather summed into ``name`` (through Reshapes and
-    Adds), or None."""
+    Adds), or None; walked within :mod:`.graph_limits`."""
+    return graph_limits.summed_terms(name, lambda value: _summand(graph, value), lambda value: value, graph.budget)
+
+
+def _summand(graph: Graph, name: str) -> Through | Leaf:
+    """What ``name`` is in a sum of row gathers: an Add or Reshape (walk on), a row gather, or neither."""
     node = graph.producer.get(name)
     if node is None or node.domain not in ("", "ai.onnx"):
-        return None
-    if node.op_type == "Add":
-        a, b = _row_gathers(graph, node.inputs[0]), _row_gathers(graph, node.inputs[1])
-        return a + b if a is not None and b is not None else None
-    if node.op_type == "Reshape":
-        return _row_gathers(graph, node.inputs[0])
-    if node.op_type != "Gather" or node.ints.get("axis", 0) != 0:
-        return None
+        return Leaf(None)
+    if node.op_type == "Add" and len(node.inputs) == 2:
+        return Through(tuple(node.inputs))
+    if node.op_type == "Reshape" and node.inputs:
+        return Through((node.inputs[0],))
+    if node.op_type != "Gather" or node.ints.get("axis", 0) != 0 or len(node.inputs) != 2:
+        return Leaf(None)
     index, rows = graph.const(node.inputs[1]), graph.made_by(node.inputs[0], "Reshape")
-    lut = rows is not None and graph.made_by(rows.inputs[0], "Transpose")
-    if index is None or index.ndim != 1 or not lut or list(lut.ints.get("perm", [])) != ROWS_PERM:
-        return None
+    lut = rows is not None and graph.made_by(_input(rows, 0), "Transpose")
+    if index is None or index.ndim != 1 or not index.size or not lut or _perm(lut) != ROWS_PERM \
+            or index.dtype.kind not in "iu" or index.min() < 0 or index.max() >= 2**31:
+        return Leaf(None)  # a negative or huge index: ONNX Runtime's Gather says what it makes of it
     n = int(round(np.sqrt(index.size)))
-    return [(lut.inputs[0], index, node.inputs[1])] if n * n == index.size else None
+    return Leaf([(_input(lut, 0), index, node.inputs[1])] if n * n == index.size else None)
 
 
 def _bucket_sums(graph: Graph, node: Node) -> int:
     """``node`` = the value side's bucket sums (n, N*H, K): one BucketSumRows node in its place."""
+    if not node.outputs:
+        return 0
     for match in (_separable, _one_hot):
         found = match(graph, node)
         if found is not None:
@@ -166,38 +234,40 @@ def _query_rows(graph: Graph, name: str) -> tuple[str, int, int] | None:
     """(attn, prefix keys sliced off, row width) for Reshape(Transpose(attn [Slice]) to query-major rows of
     width keys), or None."""
     shape = graph.made_by(name, "Reshape")
-    rows = shape is not None and graph.made_by(shape.inputs[0], "Transpose")
-    if not rows or list(rows.ints.get("perm", [])) != QUERY_MAJOR:
+    rows = shape is not None and graph.made_by(_input(shape, 0), "Transpose")
+    if not rows or _perm(rows) != QUERY_MAJOR:
         return None
-    dims = graph.const(shape.inputs[1])
-    if dims is None or dims.size != 3:
+    dims = graph.const(_input(shape, 1))
+    if dims is None or dims.size != 3 or dims.dtype.kind not in "iu":
         return None
-    keys, width = graph.made_by(rows.inputs[0], "Slice"), int(dims[-1])
+    keys, width = graph.made_by(_input(rows, 0), "Slice"), int(dims[-1])
     if keys is None:
-        return rows.inputs[0], 0, width
-    start, axes = graph.const(keys.inputs[1]), graph.const(keys.inputs[3]) if len(keys.inputs) > 3 else None
-    if start is None or axes is None or start.size != 1 or int(axes.reshape(-1)[0]) not in (3, -1):
+        return _input(rows, 0), 0, width
+    start, axes = graph.const(_input(keys, 1)), graph.const(_input(keys, 3))
+    if start is None or axes is None or start.size != 1 or axes.size != 1 or start.dtype.kind not in "iu" \
+            or int(axes.reshape(-1)[0]) not in (3, -1) or not 0 <= int(start.reshape(-1)[0]) < 2**31:
         return None
-    return keys.inputs[0], int(start.reshape(-1)[0]), width
+    return _input(keys, 0), int(start.reshape(-1)[0]), width
 
 
 def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     """Product tables: Reshape(MatMul(row one-hot (n, 1, m, gh), Reshape(MatMul(<rows>, col one-hot (n, gw, m)))))."""
-    rows = node.op_type == "Reshape" and graph.made_by(node.inputs[0], "MatMul")
-    row_hot = graph.const(rows.inputs[0]) if rows else None
-    regroup = row_hot is not None and graph.made_by(rows.inputs[1], "Reshape")
-    cols = regroup and graph.made_by(regroup.inputs[0], "MatMul")
-    col_hot = graph.const(cols.inputs[1]) if cols else None
+    rows = node.op_type == "Reshape" and graph.made_by(_input(node, 0), "MatMul")
+    row_hot = graph.const(_input(rows, 0)) if rows else None
+    regroup = row_hot is not None and graph.made_by(_input(rows, 1), "Reshape")
+    cols = regroup and graph.made_by(_input(regroup, 0), "MatMul")
+    col_hot = graph.const(_input(cols, 1)) if cols else None
     if col_hot is None or row_hot.ndim != 4 or col_hot.ndim != 3 or row_hot.shape[1] != 1:
         return None
     n, gw, m = col_hot.shape
     gh = row_hot.shape[3]
-    found = _query_rows(graph, cols.inputs[0])
+    found = _query_rows(graph, _input(cols, 0))
     if found is None or found[2] != gw or row_hot.shape[:3] != (n, 1, m) or found[1] + gh * gw != n:
         return None
     attn, skip, _ = found
     index = np.full((n, n), -1, np.int32)
     for i in range(n):  # a query's keys: all in buckets (a patch query) or none (a prefix query)
+        graph.budget.check()
         rows_i, cols_i = row_hot[i, 0].T, col_hot[i]  # (gh, m), (gw, m)
         if not (rows_i.any() or cols_i.any()):
             continue
@@ -210,8 +280,8 @@ def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
 def _one_hot(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     """Any table: MatMul(<rows>, one-hot (n, n, K)) with one bucket per (query, key). The graph's shape is
     matched before the constant is read (every weight matrix is some MatMul's second input)."""
-    found = _query_rows(graph, node.inputs[0]) if node.op_type == "MatMul" else None
-    hot = graph.const(node.inputs[1]) if found is not None and not found[1] else None
+    found = _query_rows(graph, _input(node, 0)) if node.op_type == "MatMul" else None
+    hot = graph.const(_input(node, 1)) if found is not None and not found[1] else None
     if hot is None or hot.ndim != 3 or hot.shape[0] != hot.shape[1] or hot.shape[0] != found[2] \
             or not _one_hot_rows(hot, exact=True):
         return None
