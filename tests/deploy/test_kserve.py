@@ -134,9 +134,10 @@ def test_runtime_runs_the_image_as_the_dockerfile_and_k8s_do() -> None:
     assert env["IRPE_PORT"]["value"] == str(ports["http"]) and env["IRPE_GRPC_PORT"]["value"] == str(ports["grpc"])
     (k8s_key,) = [e for e in k8s["env"] if e["name"] == "IRPE_API_KEY"]
     assert env["IRPE_API_KEY"] == k8s_key and not k8s_key["valueFrom"]["secretKeyRef"].get("optional", False)
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == k8s[probe]["httpGet"]["path"]
         assert c[probe]["httpGet"]["port"] == ports["http"]
+    assert c["readinessProbe"]["grpc"] == k8s["readinessProbe"]["grpc"] == {"port": ports["grpc"]}  # grpc.health.v1
     spec = runtime["spec"]
     assert {"v2", "grpc-v2"} <= set(spec["protocolVersions"])
     assert not any(k.startswith("prometheus.kserve.io/") for k in spec.get("annotations", {}))  # needs the key

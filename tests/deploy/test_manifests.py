@@ -98,8 +98,14 @@ def test_api_key_is_required() -> None:
 def test_probes_drain_and_service() -> None:
     objs, pod = _objs(), _pod()
     (c,) = pod["containers"]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # readiness over Kubernetes' native gRPC probe (grpc.health.v1) on the port the server is told to serve
+    assert c["readinessProbe"]["grpc"]["port"] == ports["grpc"] == int(env["IRPE_GRPC_PORT"]) == 8001
+    assert "httpGet" not in c["readinessProbe"] and "service" not in c["readinessProbe"]["grpc"]  # "": the server
+    assert c["livenessProbe"]["httpGet"]["path"] == c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    service_ports = {p["name"]: p for p in objs["Service"]["spec"]["ports"]}
+    assert service_ports["grpc"]["targetPort"] == "grpc" and service_ports["http"]["targetPort"] == "http"
     assert {m["mountPath"]: m.get("readOnly") for m in c["volumeMounts"]}["/models"] is True
     assert pod["terminationGracePeriodSeconds"] > 30  # room for the SIGTERM drain
     assert objs["Service"]["spec"]["selector"] == objs["Deployment"]["spec"]["selector"]["matchLabels"]
