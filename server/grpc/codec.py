@@ -23,7 +23,7 @@ from irpe.artifact import ModelArtifact
 
 from ..pipeline import oip
 from ..pipeline.oip import ProtocolError
-from ..pipeline.sysshm import SharedMemoryRegistry
+from ..pipeline.sysshm import OwnedRegions
 
 _ITEM = 4  # bytes per FP32
 
@@ -52,9 +52,11 @@ def inline(raw: Sequence[bytes | memoryview]) -> bool:
 
 
 def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
-                 shm: SharedMemoryRegistry, raw: Sequence[bytes | memoryview] | None = None) -> np.ndarray:
-    """The checked ``images`` array of an inference request (every check before any inference); ``raw``:
-    its :func:`raw_inputs` when already read (or the views :mod:`.handlers` split off)."""
+                 shm: OwnedRegions | None, raw: Sequence[bytes | memoryview] | None = None) -> np.ndarray:
+    """The checked ``images`` array of an inference request (every check before any inference; an input in
+    shared memory is read after them, so call this in a thread then); ``shm``: the caller's regions (None when
+    the request names none); ``raw``: its :func:`raw_inputs` when already read (or the views :mod:`.handlers`
+    split off)."""
     raw = raw_inputs(req) if raw is None else raw
     if len(req.inputs) != 1:
         raise ProtocolError(f"expected exactly one input {art.input_name!r}, got {len(req.inputs)}")
@@ -71,7 +73,10 @@ def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
         raise ProtocolError(f"input {spec.name!r} must set only one of {' and '.join(given)}")
     ref = oip.shm_ref(params(spec.parameters), "input")
     if ref is not None:
-        return oip.check_images(oip.shm_input(shm, ref, spec.name, shape), max_images)
+        if shm is None:
+            raise ProtocolError(f"input {spec.name!r} names a shared memory region this call may not use")
+        return oip.shm_input(shm, ref, spec.name, shape, max_images)
+    oip.check_batch(shape[0], max_images)
     return oip.check_images(_tensor(raw, spec, shape), max_images)
 
 
@@ -93,7 +98,7 @@ def _tensor(raws: Sequence[bytes | memoryview], spec: Any, shape: list[int]) -> 
 
 
 def requested(req: pb.ModelInferRequest, art: ModelArtifact, images: int,
-              shm: SharedMemoryRegistry) -> tuple[int, oip.ShmRef | None]:
+              shm: OwnedRegions | None) -> tuple[int, oip.ShmRef | None]:
     """The classification k the request asks for (0: the logits; no outputs listed: the logits), and the
     shared-memory region the logits go to (checked before inference: it exists and holds them)."""
     outs = req.outputs
@@ -105,7 +110,9 @@ def requested(req: pb.ModelInferRequest, art: ModelArtifact, images: int,
     if ref is not None:
         if k:
             raise ProtocolError("an output can't set both 'shared_memory_region' and 'classification'")
-        shm.status(ref.region)  # 404 when not registered
+        if shm is None:
+            raise ProtocolError("the output names a shared memory region this call may not use")
+        shm.check(*ref)  # 404 when the caller has not registered it, 400 outside it
         oip.shm_fits(ref, art.output_name, images * art.num_classes * _ITEM)
     return k, ref
 

@@ -25,7 +25,7 @@ from ..errors import APIError
 from ..pipeline import oip
 from ..pipeline.control import check_admin, run_control
 from ..pipeline.service import Service
-from . import codec
+from . import client_shm, codec
 from .handlers import InferCall
 from .status import grpc_code
 
@@ -162,22 +162,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @rpc()
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
                                          context: Any) -> pb.SystemSharedMemoryRegisterResponse:
-        self.service.shm.register(request.name, request.key, request.offset, request.byte_size)
+        await client_shm.register(self.service, request, context.peer())
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc()
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        context: Any) -> pb.SystemSharedMemoryStatusResponse:
-        return codec.shm_status(self.service.shm.status(request.name or None))
+        return codec.shm_status(await client_shm.status(self.service, request.name or None, context.peer()))
 
     @rpc()
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
                                            context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.service.shm.unregister(request.name or None)
+        await client_shm.unregister(self.service, request.name or None, context.peer())
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc()
     async def ModelInfer(self, request: InferCall | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        client_shm.PEER.set(context.peer())  # who may use the regions the request names
         if isinstance(request, InferCall):  # :mod:`.handlers`'s split request (the tensors as views)
             return await self.infer(request.message, request.raw or None)
         return await self.infer(request)
@@ -195,13 +196,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             assert art is not None
             loop = asyncio.get_running_loop()
             raw = codec.raw_inputs(req) if raw is None else raw
-            args = (req, art, oip.max_images(service), service.shm, raw)
-            images = codec.decode_infer(*args) if codec.inline(raw) else \
-                await loop.run_in_executor(service.pool, codec.decode_infer, *args)
-            k, ref = codec.requested(req, art, len(images), service.shm)
+            regions = await client_shm.request_regions(service, req)  # None unless it names a region
+            args = (req, art, oip.max_images(service), regions, raw)
+            images = codec.decode_infer(*args) if codec.inline(raw) and regions is None else \
+                await loop.run_in_executor(service.pool, codec.decode_infer, *args)  # a region: read in the pool
+            k, ref = codec.requested(req, art, len(images), regions)
             logits = await oip.infer(service, mv, images, started)
-            if ref is not None:
-                oip.shm_output(service.shm, ref, art.output_name, logits)
+            if ref is not None and regions is not None:
+                oip.shm_output(regions, ref, art.output_name, logits)
             return codec.encode_infer(req, logits, -1 if ref else k, art, mv.name, str(mv.version),
                                       req.id or oip.random_id())
 
@@ -216,6 +218,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except APIError as e:
             await context.abort(grpc_code(e.status), e.message)
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        client_shm.PEER.set(context.peer())  # the stream's request tasks inherit it
         feeder = asyncio.ensure_future(self._feed(request_iterator, answers))
         try:
             while (answer := await answers.get()) is not None:

@@ -60,6 +60,18 @@ def check_admin_call(request: Request, service: Service, what: str) -> None:
                        "(send 'Content-Type: application/json', or none)")
 
 
+def check_same_site(request: Request, what: str, media_types: tuple[str, ...] = ("application/json",)) -> None:
+    """Refuse a request that a browser sends from another site (403) and one whose body has a content type
+    other than ``media_types`` or none (415): the rules above, for other routes that act on this machine
+    (client shared memory: :mod:`.shm_access`)."""
+    headers = request.headers
+    _same_site(headers.get("origin"), headers.get("sec-fetch-site"), headers.get("host", ""), what)
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind and kind not in media_types:
+        raise APIError(415, "unsupported_media_type", f"{what} takes a body of type {' or '.join(media_types)}; "
+                       f"got Content-Type {kind!r} (send one of those, or none)")
+
+
 def _same_site(origin: str | None, fetch_site: str | None, host: str, what: str) -> None:
     if fetch_site is not None and fetch_site.strip().lower() not in ("same-origin", "none"):
         raise APIError(403, "cross_site", f"{what} refused from a {fetch_site[:32]!r} page "

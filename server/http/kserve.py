@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -26,8 +26,8 @@ from ..errors import APIError
 from ..hosting.host import ModelVersion, clip, parse_version
 from ..pipeline import oip
 from ..pipeline.service import Service
-from ..pipeline.sysshm import SharedMemoryRegistry
-from . import control
+from ..pipeline.sysshm import OwnedRegions
+from . import control, shm_access
 from . import kserve_codec as codec
 from .body import read_limited
 from .errors import v2_error_responses
@@ -41,16 +41,43 @@ def _request_id(request: Request) -> str:
     return getattr(request.state, "request_id", "") or oip.random_id()
 
 
+class Decoded(NamedTuple):
+    """A parsed and checked inference request: the images, or where they lie in a client region."""
+
+    req: dict[str, Any]
+    spec: dict[str, Any]
+    images: np.ndarray | None  # None: the input is in shared memory (input_ref)
+    input_ref: oip.ShmRef | None
+    output_refs: list[oip.ShmRef]
+
+
 def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifact, limit: int,
-            max_images: int, shm: SharedMemoryRegistry | None = None) -> tuple[dict[str, Any], np.ndarray]:
-    """Inflate, parse and validate (in the decode pool): every check before any inference."""
+            max_images: int) -> Decoded:
+    """Inflate, parse and validate (in the decode pool): every check before any inference. An input in a client
+    shared-memory region is not read here (:func:`_shm_images`)."""
     body = codec.inflate(raw, encoding, limit)
     split = codec.header_length(header_len, len(body))
     req, spec = codec.parse_request(body[:split], art)
-    for out in codec.requested_outputs(req, art):  # bad or repeated outputs are refused before inference
-        if out.shm is not None and shm is not None:  # without a registry the output is refused at render
-            shm.check(*out.shm)
-    return req, codec.input_array(spec, body, split, max_images, shm)
+    outputs = [out.shm for out in codec.requested_outputs(req, art) if out.shm is not None]  # checked before
+    ref = codec.input_region(spec)
+    images = None if ref is not None else codec.input_array(spec, body, split, max_images)
+    return Decoded(req, spec, images, ref, outputs)
+
+
+async def _shm_images(request: Request, service: Service, decoded: Decoded) -> tuple[np.ndarray, OwnedRegions]:
+    """For a request that names a client shared-memory region: the refusals of :func:`.shm_access.client_regions`,
+    every named region checked, and the input read in the decode pool (never on the event loop)."""
+    regions = await shm_access.client_regions(request, service, "an inference request that names a shared "
+                                              "memory region")
+    for ref in decoded.output_refs:
+        regions.check(*ref)
+    images = decoded.images
+    if decoded.input_ref is not None:
+        images = await asyncio.get_running_loop().run_in_executor(
+            service.pool, oip.shm_input, regions, decoded.input_ref, decoded.spec["name"], decoded.spec["shape"],
+            oip.max_images(service))
+    assert images is not None
+    return images, regions
 
 
 INLINE_BYTES = oip.INLINE_BYTES  # an uncompressed binary-tensor body up to this size is parsed on the event loop
@@ -86,12 +113,15 @@ async def _infer_on(request: Request, service: Service, mv: ModelVersion, starte
     raw = await read_limited(request, s.max_body_bytes)
     loop = asyncio.get_running_loop()
     encoding = request.headers.get("content-encoding", "")
-    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, oip.max_images(service),
-            service.shm)
-    req, images = _decode(*args) if _inline(raw, encoding, args[2]) else \
+    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, oip.max_images(service))
+    decoded = _decode(*args) if _inline(raw, encoding, args[2]) else \
         await loop.run_in_executor(service.pool, _decode, *args)
+    req, images, regions = decoded.req, decoded.images, None
+    if decoded.input_ref is not None or decoded.output_refs:
+        images, regions = await _shm_images(request, service, decoded)
+    assert images is not None
     logits = await oip.infer(service, mv, images, started)
-    render = (req, _request_id(request), logits, art, mv.name, str(mv.version), service.shm)
+    render = (req, _request_id(request), logits, art, mv.name, str(mv.version), regions)
     body, json_len = codec.render(*render) if logits.size <= INLINE_VALUES else \
         await loop.run_in_executor(service.pool, codec.render, *render)
     headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}

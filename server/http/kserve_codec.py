@@ -21,7 +21,7 @@ from irpe.artifact import ModelArtifact
 
 from ..pipeline import oip
 from ..pipeline.oip import DATATYPE, ProtocolError
-from ..pipeline.sysshm import SharedMemoryRegistry
+from ..pipeline.sysshm import OwnedRegions
 
 __all__ = ["DATATYPE", "ProtocolError"]
 MAX_INT_DIGITS = 20  # any count or size that fits an int64; longer integers are refused before int()
@@ -92,19 +92,25 @@ def parse_request(header: bytes, art: ModelArtifact) -> tuple[dict[str, Any], di
     return req, spec
 
 
-def input_array(spec: dict[str, Any], body: bytes, offset: int, max_images: int,
-                shm: SharedMemoryRegistry | None = None) -> np.ndarray:
-    """The ``images`` tensor from JSON ``data``, binary data after the header or a client shared-memory region;
-    finite FP32 only, at most ``max_images`` (the config's ``max_batch_size``: Triton's 400)."""
-    shape = spec["shape"]
-    want_bytes = math.prod(shape) * _ITEM  # Python ints: no int64 wrap-around for a 20-digit N
+def input_region(spec: dict[str, Any]) -> oip.ShmRef | None:
+    """Where the input lies in a client shared-memory region (None: in the body); the region is read later,
+    in a thread, once the client's uid is known (:func:`..pipeline.oip.shm_input`)."""
     params = _parameters(spec, "input")
     ref = oip.shm_ref(params, "input")
-    if ref is not None:
-        if "data" in spec or "binary_data_size" in params:
-            raise ProtocolError(f"input {spec['name']!r} must set only one of 'data', 'binary_data_size' and "
-                                "'shared_memory_region'")
-        return oip.check_images(oip.shm_input(_registry(shm), ref, spec["name"], shape), max_images)
+    if ref is not None and ("data" in spec or "binary_data_size" in params):
+        raise ProtocolError(f"input {spec['name']!r} must set only one of 'data', 'binary_data_size' and "
+                            "'shared_memory_region'")
+    return ref
+
+
+def input_array(spec: dict[str, Any], body: bytes, offset: int, max_images: int) -> np.ndarray:
+    """The ``images`` tensor from JSON ``data`` or binary data after the header (an input in shared memory:
+    :func:`input_region`); finite FP32 only, at most ``max_images`` (the config's ``max_batch_size``: Triton's
+    400)."""
+    shape = spec["shape"]
+    oip.check_batch(shape[0], max_images)  # before the tensor is built
+    want_bytes = math.prod(shape) * _ITEM  # Python ints: no int64 wrap-around for a 20-digit N
+    params = _parameters(spec, "input")
     if "binary_data_size" in params:
         size = oip.count(params["binary_data_size"], "binary_data_size")
         if size != want_bytes or offset + size > len(body):
@@ -130,7 +136,7 @@ def _json_data(data: object, shape: list[int], count: int) -> np.ndarray:
         return arr.astype(np.float32).reshape(shape)
 
 
-def _registry(shm: SharedMemoryRegistry | None) -> SharedMemoryRegistry:
+def _registry(shm: OwnedRegions | None) -> OwnedRegions:
     if shm is None:
         raise ProtocolError("this endpoint takes no shared memory")
     return shm
@@ -164,7 +170,7 @@ def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[Output]:
 
 
 def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelArtifact, name: str = "",
-           version: str = "1", shm: SharedMemoryRegistry | None = None) -> tuple[bytes, int | None]:
+           version: str = "1", shm: OwnedRegions | None = None) -> tuple[bytes, int | None]:
     """The response body, and the JSON header length when binary outputs follow it (``name``/``version``:
     the model version that computed it; default: model.json's name, version 1)."""
     head: dict[str, Any] = {"model_name": name or art.name, "model_version": version, "id": req.get("id") or request_id,

@@ -120,6 +120,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # the socket's own addresses, for client shared memory (http/shm_access.py): uvicorn's proxy-headers
+        # middleware may rewrite "client" from an X-Forwarded-For header the client sent
+        self.scope["irpe.socket"] = (self.client, self.server)  # type: ignore[typeddict-unknown-key]
         if self._timer is None:
             self._arm(self.limits.header_timeout_s, "head")
 

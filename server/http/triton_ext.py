@@ -1,7 +1,8 @@
 """Triton's HTTP extensions beyond inference: system (and CUDA) shared memory, trace and logging settings.
 
 Shared memory goes through the process's :class:`~..pipeline.sysshm.SharedMemoryRegistry` (off unless
-``--allow-client-shm``). CUDA shared memory has no registry here (status: none; registering: 400). Trace
+``--allow-client-shm``), for local clients only, each seeing its own regions (:mod:`.shm_access`). CUDA shared
+memory has no registry here (status: none; registering: 400). Trace
 settings report Triton's ``OFF``: this server traces through its access log and W3C ``traceparent``
 (:mod:`.tracing`), so a request to turn Triton's trace files on is refused. Logging settings map onto the
 log level of this process.
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Request
 
 from ..errors import APIError
 from . import kserve_codec as codec
+from . import shm_access
 from .body import read_limited
 from .control import check_admin_call
 from .errors import v2_error_responses
@@ -36,28 +38,43 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-@router.get("/systemsharedmemory/status", responses=_ERRORS)
-@router.get("/systemsharedmemory/region/{name}/status", responses=_ERRORS)
+@router.get("/systemsharedmemory/status", responses=v2_error_responses(401, 403, 404))
+@router.get("/systemsharedmemory/region/{name}/status", responses=v2_error_responses(401, 403, 404))
 async def shm_status(request: Request, name: str | None = None) -> list[dict[str, Any]]:
-    """The registered regions (name, key, offset, byte_size); 404 for an unknown region."""
-    return service_of(request).shm.status(name)
-
-
-@router.post("/systemsharedmemory/region/{name}/register", responses=v2_error_responses(400, 401, 403))
-async def shm_register(request: Request, name: str) -> dict[str, Any]:
-    """Register ``{"key", "offset", "byte_size"}`` of ``/dev/shm`` as region ``name`` (``--allow-client-shm``)."""
+    """The caller's registered regions (name, key, offset, byte_size); 404 for a region it has not registered.
+    With client shared memory off: none (``[]``)."""
     shm = service_of(request).shm
-    shm.require_enabled()  # the 403 that names the flag, before the body is read
+    if not shm.enabled:
+        if name is not None:
+            raise APIError(404, "not_found", f"Unable to find system shared memory region: {name!r}")
+        return []
+    regions = await shm_access.client_regions(request, service_of(request), "shared memory status",
+                                              ("application/json",))
+    return shm.status(name, owner=regions.owner)
+
+
+@router.post("/systemsharedmemory/region/{name}/register", responses=v2_error_responses(400, 401, 403, 415))
+async def shm_register(request: Request, name: str) -> dict[str, Any]:
+    """Register ``{"key", "offset", "byte_size"}`` of ``/dev/shm`` as the caller's region ``name``
+    (``--allow-client-shm``; a segment the calling local user owns: :mod:`.shm_access`)."""
+    service = service_of(request)
+    regions = await shm_access.client_regions(request, service, "registering shared memory", ("application/json",))
     body = await _json(request)
-    shm.register(name, body.get("key"), body.get("offset", 0), body.get("byte_size"))  # type: ignore[arg-type]
+    service.shm.register(name, body.get("key"), body.get("offset", 0), body.get("byte_size"),  # type: ignore[arg-type]
+                         owner=regions.owner)
     return {}
 
 
-@router.post("/systemsharedmemory/unregister", responses=v2_error_responses(401))
-@router.post("/systemsharedmemory/region/{name}/unregister", responses=v2_error_responses(401))
+@router.post("/systemsharedmemory/unregister", responses=v2_error_responses(401, 403, 415))
+@router.post("/systemsharedmemory/region/{name}/unregister", responses=v2_error_responses(401, 403, 415))
 async def shm_unregister(request: Request, name: str | None = None) -> dict[str, Any]:
-    """Unregister one region (an unknown name is no error, as in Triton) or all of them."""
-    service_of(request).shm.unregister(name)
+    """Unregister one of the caller's regions (an unknown name is no error, as in Triton) or all of the caller's
+    regions (other clients' stay)."""
+    shm = service_of(request).shm
+    if shm.enabled:
+        regions = await shm_access.client_regions(request, service_of(request), "unregistering shared memory",
+                                                  ("application/json",))
+        shm.unregister(name, owner=regions.owner)
     return {}
 
 

@@ -21,7 +21,7 @@ from irpe.artifact import ModelArtifact
 from ..errors import APIError
 from ..hosting.host import ModelVersion
 from .service import Service
-from .sysshm import SharedMemoryRegistry
+from .sysshm import OwnedRegions
 
 DATATYPE = "FP32"
 SERVER_NAME = "irpe-deploy"
@@ -191,11 +191,16 @@ def check_input(name: object, datatype: object, shape: object, art: ModelArtifac
     return shape
 
 
+def check_batch(images: int, max_images: int) -> None:
+    """400 for a request of more than ``max_images`` images (the model config's ``max_batch_size``)."""
+    if images > max_images:
+        raise ProtocolError(f"inference request batch-size must be <= {max_images}, got {images} (the model "
+                            "config's max_batch_size, --max-images)")
+
+
 def check_images(images: np.ndarray, max_images: int) -> np.ndarray:
     """At most ``max_images`` images (:func:`max_images`: Triton's 400), finite values only (400)."""
-    if len(images) > max_images:
-        raise ProtocolError(f"inference request batch-size must be <= {max_images}, got {len(images)} (the model "
-                            "config's max_batch_size, --max-images)")
+    check_batch(len(images), max_images)
     if not np.isfinite(images).all():
         raise ProtocolError(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or "
                             "+-Inf, or beyond the FP32 range); this server accepts finite numbers only")
@@ -256,16 +261,25 @@ def shm_ref(params: dict[str, Any], where: str) -> ShmRef | None:
                   size)
 
 
-def shm_input(shm: SharedMemoryRegistry, ref: ShmRef, name: str, shape: list[int]) -> np.ndarray:
-    """The FP32 input of ``shape`` read from its region (the byte size must match the shape exactly)."""
+def shm_input(shm: OwnedRegions, ref: ShmRef, name: str, shape: list[int], max_images: int) -> np.ndarray:
+    """The checked FP32 input of ``shape`` read from its region (blocking: call it in a thread, never on the event
+    loop). The batch size, the byte size against the shape, and the span inside the region are checked before
+    a byte is read.
+
+    Raises:
+        ProtocolError: 400 for a batch over ``max_images``, a byte size other than the shape's, non-finite data.
+        APIError: 404 for a region this client has not registered, 400 outside it.
+    """
+    check_batch(shape[0], max_images)
     want = math.prod(shape) * 4
     if ref.size != want:
         raise ProtocolError(f"input byte size mismatch for input {name!r}: expected {want} bytes for shape "
                             f"{shape} (FP32), got shared_memory_byte_size {ref.size}")
-    return shm.read_array(ref.region, ref.offset, ref.size, "<f4", shape)
+    shm.check(ref.region, ref.offset, ref.size)
+    return check_images(shm.read_array(ref.region, ref.offset, ref.size, "<f4", shape), max_images)
 
 
-def shm_output(shm: SharedMemoryRegistry, ref: ShmRef, name: str, logits: np.ndarray) -> None:
+def shm_output(shm: OwnedRegions, ref: ShmRef, name: str, logits: np.ndarray) -> None:
     """Write the FP32 logits into the region the requested output names (it must hold them)."""
     flat = np.ascontiguousarray(logits, dtype="<f4")
     shm_fits(ref, name, flat.nbytes)

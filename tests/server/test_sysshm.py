@@ -15,6 +15,8 @@ from irpe.server.config import Settings
 from irpe.server.errors import APIError
 from irpe.server.pipeline.sysshm import SharedMemoryRegistry
 
+ME = os.getuid()  # the owner of the segments these tests create
+
 shm = pytest.importorskip("tritonclient.utils.shared_memory", reason="tritonclient is in the dev extra")
 
 
@@ -35,46 +37,47 @@ def _status(e: pytest.ExceptionInfo[APIError]) -> int:
 def test_off_by_default(key: str) -> None:
     reg = SharedMemoryRegistry()
     with pytest.raises(APIError) as e:
-        reg.register("r", key, 0, 64)
+        reg.register("r", key, 0, 64, owner=ME)
     assert _status(e) == 403 and "--allow-client-shm" in e.value.message
-    assert reg.status() == []
+    assert reg.status(owner=ME) == []
     assert Settings().allow_client_shm is False
 
 
 def test_register_read_write_status(key: str) -> None:
     reg = SharedMemoryRegistry(True)
-    reg.register("r", key, 64, 128)
-    assert reg.status() == [{"name": "r", "key": key, "offset": 64, "byte_size": 128}]
-    assert reg.status("r") == reg.status()
-    got = reg.read_array("r", 0, 128, "<f4", [2, 16])
+    reg.register("r", key, 64, 128, owner=ME)
+    assert reg.status(owner=ME) == [{"name": "r", "key": key, "offset": 64, "byte_size": 128}]
+    assert reg.status("r", owner=ME) == reg.status(owner=ME)
+    got = reg.owned_by(ME).read_array("r", 0, 128, "<f4", [2, 16])
     np.testing.assert_array_equal(got.reshape(-1), np.arange(16, 48, dtype=np.float32))
-    reg.write("r", 8, np.float32([7.5, -1]).tobytes())
+    reg.write("r", 8, np.float32([7.5, -1]).tobytes(), owner=ME)
     raw = Path("/dev/shm", key.lstrip("/")).read_bytes()
     assert np.frombuffer(raw[72:80], "<f4").tolist() == [7.5, -1.0]
     assert np.frombuffer(raw[64:72], "<f4").tolist() == [16.0, 17.0]  # nothing else written
-    reg.unregister("r")
-    reg.unregister("never-registered")  # no error, as in Triton
-    assert reg.status() == []
+    reg.unregister("r", owner=ME)
+    reg.unregister("never-registered", owner=ME)  # no error, as in Triton
+    assert reg.status(owner=ME) == []
 
 
 def test_outside_the_region_is_refused(key: str) -> None:
     reg = SharedMemoryRegistry(True)
-    reg.register("r", key, 1024, 256)
+    reg.register("r", key, 1024, 256, owner=ME)
     for offset, size in ((0, 257), (256, 1), (-4, 8), (200, 64), (2**62, 8)):
         with pytest.raises(APIError) as e:
-            reg.read("r", offset, size)
+            reg.read("r", offset, size, owner=ME)
         assert _status(e) == 400 and "outside shared memory region 'r'" in e.value.message
         with pytest.raises(APIError):
-            reg.write("r", offset, b"\0" * max(size, 0) if size < 1024 else b"\0")
-    assert reg.read("r", 252, 4) == bytearray(np.float32([256 + 63]).tobytes())
+            reg.write("r", offset, b"\0" * max(size, 0) if size < 1024 else b"\0", owner=ME)
+    assert reg.read("r", 252, 4, owner=ME) == bytearray(np.float32([256 + 63]).tobytes())
     with pytest.raises(APIError) as e:
-        reg.read_array("r", 0, 12, "<f4", [2, 2])
+        reg.owned_by(ME).read_array("r", 0, 12, "<f4", [2, 2])
     assert _status(e) == 400 and "16 bytes" in e.value.message
 
 
 def test_unknown_region_is_404(key: str) -> None:
     reg = SharedMemoryRegistry(True)
-    for call in (lambda: reg.status("nope"), lambda: reg.read("nope", 0, 4), lambda: reg.write("nope", 0, b"x")):
+    for call in (lambda: reg.status("nope", owner=ME), lambda: reg.read("nope", 0, 4, owner=ME),
+                 lambda: reg.write("nope", 0, b"x", owner=ME)):
         with pytest.raises(APIError) as e:
             call()
         assert _status(e) == 404 and "'nope'" in e.value.message
@@ -85,9 +88,9 @@ def test_unknown_region_is_404(key: str) -> None:
 def test_keys_are_confined(bad_key: object) -> None:
     reg = SharedMemoryRegistry(True)
     with pytest.raises(APIError) as e:
-        reg.register("r", bad_key, 0, 8)  # type: ignore[arg-type]
+        reg.register("r", bad_key, 0, 8, owner=ME)  # type: ignore[arg-type]
     assert _status(e) == 400 and "key" in e.value.message
-    assert reg.status() == []
+    assert reg.status(owner=ME) == []
 
 
 def test_links_and_non_files_are_refused(tmp_path: Path, key: str) -> None:
@@ -96,10 +99,10 @@ def test_links_and_non_files_are_refused(tmp_path: Path, key: str) -> None:
     try:
         reg = SharedMemoryRegistry(True)
         with pytest.raises(APIError) as e:
-            reg.register("r", "/" + link, 0, 4)
+            reg.register("r", "/" + link, 0, 4, owner=ME)
         assert _status(e) == 400 and "unable to open" in e.value.message
         with pytest.raises(APIError) as e:
-            reg.register("r", "/missing_" + link, 0, 4)
+            reg.register("r", "/missing_" + link, 0, 4, owner=ME)
         assert _status(e) == 400
     finally:
         os.unlink(f"/dev/shm/{link}")
@@ -108,39 +111,39 @@ def test_links_and_non_files_are_refused(tmp_path: Path, key: str) -> None:
 def test_bounds_on_number_size_and_names(key: str) -> None:
     reg = SharedMemoryRegistry(True, max_regions=2, max_bytes=1024)
     with pytest.raises(APIError) as e:
-        reg.register("big", key, 0, 2048)
+        reg.register("big", key, 0, 2048, owner=ME)
     assert _status(e) == 400 and "1..1024" in e.value.message
     with pytest.raises(APIError) as e:
-        reg.register("past-end", key, 4000, 200)  # inside the size limit, but beyond the 4096-byte file
+        reg.register("past-end", key, 4000, 200, owner=ME)  # inside the size limit, but beyond the 4096-byte file
     assert _status(e) == 400 and "exceeds the 4096 bytes" in e.value.message
     for bad in ("", "a/b", "../x", "x" * 200, None):
         with pytest.raises(APIError):
-            reg.register(bad, key, 0, 8)  # type: ignore[arg-type]
+            reg.register(bad, key, 0, 8, owner=ME)  # type: ignore[arg-type]
     for what in ((-1, 8), (0, 0), (0, True), ("0", 8)):
         with pytest.raises(APIError):
-            reg.register("w", key, *what)  # type: ignore[arg-type]
-    reg.register("a", key, 0, 8)
+            reg.register("w", key, *what, owner=ME)  # type: ignore[arg-type]
+    reg.register("a", key, 0, 8, owner=ME)
     with pytest.raises(APIError) as e:
-        reg.register("a", key, 0, 8)
+        reg.register("a", key, 0, 8, owner=ME)
     assert "already in manager" in e.value.message
-    reg.register("b", key, 8, 8)
+    reg.register("b", key, 8, 8, owner=ME)
     with pytest.raises(APIError) as e:
-        reg.register("c", key, 16, 8)
+        reg.register("c", key, 16, 8, owner=ME)
     assert "already 2 shared memory regions" in e.value.message
-    reg.unregister()
-    assert reg.status() == []
-    reg.register("c", key, 16, 8)
+    reg.unregister(owner=ME)
+    assert reg.status(owner=ME) == []
+    reg.register("c", key, 16, 8, owner=ME)
     reg.close()
 
 
 def test_a_shrunk_file_is_a_clear_error_not_a_crash(key: str) -> None:
     reg = SharedMemoryRegistry(True)
-    reg.register("r", key, 0, 4096)
+    reg.register("r", key, 0, 4096, owner=ME)
     os.truncate(f"/dev/shm/{key.lstrip('/')}", 100)
     with pytest.raises(APIError) as e:
-        reg.read("r", 0, 4096)
+        reg.read("r", 0, 4096, owner=ME)
     assert _status(e) == 400 and "shrank" in e.value.message
-    assert len(reg.read("r", 0, 100)) == 100
+    assert len(reg.read("r", 0, 100, owner=ME)) == 100
     reg.close()
 
 

@@ -1,0 +1,115 @@
+"""Who is on the other end of a loopback TCP connection: the uid that owns the client's socket.
+
+The client's socket is the one whose local address is the client's ``(host, port)`` as the server sees it and
+whose remote address is the server's; the kernel lists every TCP socket of this network namespace with its
+owner's uid in ``/proc/net/tcp`` and ``/proc/net/tcp6``. Only ESTABLISHED sockets count (a socket in TIME_WAIT
+shows uid 0). Client shared memory (:mod:`.sysshm`) uses it to tie a region to the local user that registered
+it. A peer that is not on loopback, or that no single uid's socket matches, has no uid here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+ESTABLISHED = "01"  # the st column of /proc/net/tcp
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One end of a TCP connection, as the server's socket reports it."""
+
+    host: str
+    port: int
+
+
+def _address(host: str) -> IPAddress | None:
+    """``host`` as an address; an IPv4-mapped IPv6 address as the IPv4 one; None when not an address."""
+    try:
+        addr = ipaddress.ip_address(host.strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return mapped or addr
+
+
+def _hex_address(text: str) -> tuple[IPAddress, int]:
+    """One ``ADDR:PORT`` of /proc/net/tcp(6): the address in 32-bit words of host byte order, the port in hex."""
+    addr_hex, port_hex = text.split(":")
+    raw = bytes.fromhex(addr_hex)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.ip_address(words)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return mapped or addr, int(port_hex, 16)
+
+
+Address = tuple[IPAddress, int]
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """One ESTABLISHED socket of the kernel's table: its local and remote address and its owner's uid."""
+
+    local: Address
+    remote: Address
+    uid: int
+
+
+def established(text: str) -> list[TcpSocket]:
+    """The ESTABLISHED sockets listed in the text of /proc/net/tcp or /proc/net/tcp6."""
+    out = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[3] == ESTABLISHED:
+            out.append(TcpSocket(_hex_address(fields[1]), _hex_address(fields[2]), int(fields[7])))
+    return out
+
+
+def _read_tables(tables: Sequence[str]) -> list[TcpSocket]:
+    sockets: list[TcpSocket] = []
+    for path in tables:
+        try:
+            with open(path, encoding="ascii") as f:
+                sockets += established(f.read())
+        except OSError:
+            continue
+    return sockets
+
+
+def loopback_uid(client: Endpoint, server: Endpoint | None = None, tables: Sequence[str] = TCP_TABLES) -> int | None:
+    """The uid owning the client's socket of a loopback TCP connection.
+
+    Args:
+        client: the client's address and port, as the server's socket reports its peer.
+        server: the server's address and port, as its socket reports them; None where the front end does not
+            know them (gRPC): then the server's side is the socket whose remote address is ``client``.
+        tables: the kernel's TCP socket tables to read.
+
+    Returns:
+        The uid, or None when the client is not on loopback, no socket matches, or sockets of several uids match.
+    """
+    client_addr = _address(client.host)
+    if client_addr is None or not client_addr.is_loopback or not 0 < client.port < 65536:
+        return None
+    me = (client_addr, client.port)
+    sockets = _read_tables(tables)
+    if server is None:
+        servers = {sock.local for sock in sockets if sock.remote == me}
+    else:
+        server_addr = _address(server.host)
+        servers = {(server_addr, server.port)} if server_addr is not None else set()
+    uids = {sock.uid for sock in sockets if sock.local == me and sock.remote in servers}
+    return uids.pop() if len(uids) == 1 else None
+
+
+def grpc_peer(peer: str) -> Endpoint | None:
+    """The client's endpoint from gRPC's ``context.peer()`` (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``);
+    None for any other kind of peer (a Unix socket, an unparsable string)."""
+    kind, _, rest = peer.partition(":")
+    host, sep, port = rest.rpartition(":")
+    if kind not in ("ipv4", "ipv6") or not sep or not port.isdigit():
+        return None
+    return Endpoint(host.strip("[]"), int(port))
