@@ -19,7 +19,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _add_models(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the registered variants with RPE config, params and MACs")
-    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--img-size", type=int, default=224, help="input image side the MACs are counted at")
     p.set_defaults(func=_cmd_models)
 
 

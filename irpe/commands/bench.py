@@ -38,11 +38,12 @@ def add_cpu_bench(bsub: argparse._SubParsersAction) -> None:
                    help="comma list of the paths to time (ort-fp32-std: ONNX Runtime on the file as exported, "
                         "without the irpe.ort custom ops)")
     p.add_argument("--repeats", type=int, default=10, help="interleaved timed rounds (median reported)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--threads", type=int, default=0, help="threads per runtime (default: all cores)")
-    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--img-size", type=int, default=224, help="input image side of the models")
     p.add_argument("--calibration-size", type=int, default=32, help="photo crops to calibrate int8 on")
-    p.add_argument("--int8-scope", choices=["linear", "rpe", "attention", "all"], default="linear")
+    p.add_argument("--int8-scope", choices=["linear", "rpe", "attention", "all"], default="linear",
+                   help="MatMuls our int8 paths quantize, as irpe export --int8-scope")
     p.add_argument("--served", type=int, default=0, metavar="N",
                    help="also serve fp32 (ONNX Runtime) and int8 (default backend): N requests each at "
                    "concurrency 16")
@@ -78,7 +79,7 @@ def add_export_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per graph first")
     p.add_argument("--models", default="plain,k,qk,qkv", help="comma list of plain, k, qk, qkv")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (default: all cores)")
-    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--img-size", type=int, default=224, help="input image side of the models")
     p.add_argument("--no-reference", action="store_true", help="skip the torch.onnx.export reference graphs")
 
     def run(args: argparse.Namespace) -> int:
@@ -129,7 +130,8 @@ def add_latency_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--artifact", help="artifact directory (default: export DeiT-Tiny iRPE-K, random weights)")
     p.add_argument("--requests", type=int, default=200, help="requests per concurrency level and server")
     p.add_argument("--concurrency", default="1,32", help="comma list of client counts")
-    p.add_argument("--baseline-pythonpath", help="PYTHONPATH of another irpe import tree to serve side by side")
+    p.add_argument("--baseline-pythonpath", help="PYTHONPATH of another irpe import tree to serve side by side "
+                   "(default: none)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
 
     def run(args: argparse.Namespace) -> int:
@@ -151,7 +153,7 @@ def add_digits_bench(bsub: argparse._SubParsersAction) -> None:
                                        "through a real `irpe serve`, and offline")
     p.add_argument("--artifact", default="digits", help="artifact directory (default: the shipped digits model)")
     p.add_argument("--per-family", type=int, help="held-out digits per family (default: all 360)")
-    p.add_argument("--url", help="score this running server instead of starting one")
+    p.add_argument("--url", help="score this running server (default: start one)")
     p.add_argument("--families", help="comma list (default: all)")
 
     def run(args: argparse.Namespace) -> int:
@@ -171,9 +173,10 @@ def _add_frontend_options(p: argparse.ArgumentParser) -> None:
                    "process vs --frontends 1..N (default artifact: the near-free model)")
     p.add_argument("--frontends", default="1,2", help="with --frontend: comma list of front-end counts")
     p.add_argument("--images-per-request", default="1,4", help="with --frontend: comma list (cost per image)")
-    p.add_argument("--baseline-pythonpath", help="with --frontend: another irpe import tree, served beside")
+    p.add_argument("--baseline-pythonpath", help="with --frontend: another irpe import tree, served beside "
+                   "(default: none)")
     p.add_argument("--baseline", default=None, help="with --frontend: git commit served beside as 'baseline' "
-                   "(default: main before issue 13; 'none' to skip)")
+                   "(default: the last commit before the front-end processes; 'none' to skip)")
     p.add_argument("--rounds", type=int, default=3, help="with --frontend: interleaved rounds")
 
 
@@ -218,7 +221,7 @@ def add_triton_bench(bsub: argparse._SubParsersAction) -> None:
                                        "at each concurrency, interleaved: infer/s, p50/p99, client-minus-server")
     p.add_argument("--models", default="near-free,deit-tiny", help="comma list of near-free, deit-tiny (exported "
                    "with random weights; needs torch)")
-    p.add_argument("--artifact", help="bench this artifact directory instead of --models")
+    p.add_argument("--artifact", help="bench this artifact directory instead of --models (default: none)")
     p.add_argument("--protocols", default="http", help="comma list of http, grpc (default http)")
     p.add_argument("--concurrency", default="1,8,32", help="comma list of perf_analyzer concurrency levels")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians reported)")
@@ -231,7 +234,8 @@ def add_triton_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--perf-analyzer", help="perf_analyzer command line (default: $IRPE_PERF_ANALYZER, "
                    "perf_analyzer on PATH, or scripts/perf-analyzer.sh of this checkout)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `irpe serve` flag (repeatable)")
-    p.add_argument("--baseline", help="git commit whose irpe serve runs beside as a third server (irpe/base)")
+    p.add_argument("--baseline", help="git commit whose irpe serve runs beside as a third server (irpe/base; "
+                   "default: none)")
     p.set_defaults(func=_run_triton)
 
 
@@ -273,7 +277,7 @@ def add_rpe_lookup_bench(bsub: argparse._SubParsersAction) -> None:
     """``irpe bench rpe-lookup`` (issue 32): the iRPE-K lookup's forms on one attention core, per runtime."""
     p = bsub.add_parser("rpe-lookup", help="the iRPE-K lookup as rows / last-axis Gather / one-hot MatMul on one "
                                            "attention core: ONNX Runtime fp32, OpenVINO f32 and bf16, interleaved")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8, help="images per attention call")
     p.add_argument("--rounds", type=int, default=20, help="interleaved timed rounds (median reported)")
     p.add_argument("--threads", type=int, default=0, help="threads per runtime (default: all cores)")
     p.add_argument("--paths", default="ort-fp32,ov-f32,ov-bf16", help="comma list of ort-fp32, ov-f32, ov-bf16")

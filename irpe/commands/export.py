@@ -16,10 +16,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="registered variant name (default: from the checkpoint)")
     add_model_overrides(p)
     p.add_argument("--format", default="onnx", help="comma list of onnx, tensorrt, triton")
-    p.add_argument("--rpe-plugin", action="store_true", help="emit irpe::RPEIndex plugin ops")
-    p.add_argument("--opset", type=int, default=17)
-    p.add_argument("--max-batch", type=int, default=32)
-    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--rpe-plugin", action="store_true", help="emit the iRPE lookups as irpe::RPEIndex / "
+                   "RPEBucketSum plugin ops (default: standard ONNX ops)")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset of model.onnx")
+    p.add_argument("--max-batch", type=int, default=32,
+                   help="largest batch of the TensorRT plan's profile and of the Triton model config")
+    p.add_argument("--fp16", action="store_true", help="build the TensorRT plan with FP16 kernels (default: FP32)")
     add_int8_options(p)
     p.set_defaults(func=run)
 
@@ -29,11 +31,13 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("int8 / bf16 (CPU: OpenVINO, ONNX Runtime; GPU: TensorRT explicit quantization)")
     g.add_argument("--int8", action="store_true", help="model.onnx becomes a calibrated int8 QDQ graph")
     g.add_argument("--calibration", help="'digits' or a directory of images: calibrates --int8 and holds "
-                   "out other images for the fidelity reports (also the bf16 one) in model.json")
+                   "out other images for the fidelity reports (also the bf16 one) in model.json (default: none, "
+                   "no fidelity report)")
     g.add_argument("--calibration-size", type=int, default=64, help="calibration images (default 64)")
     g.add_argument("--heldout-size", type=int, default=400,
                    help="held-out images for fidelity (default 400; digits has 360)")
-    g.add_argument("--calibration-method", choices=["percentile", "entropy", "minmax"], default="percentile")
+    g.add_argument("--calibration-method", choices=["percentile", "entropy", "minmax"], default="percentile",
+                   help="how --int8 sets each activation's range from the calibration images")
     g.add_argument("--int8-scope", choices=["linear", "rpe", "attention", "all"], default="linear",
                    help="MatMuls quantized: linear layers (default); rpe: + iRPE matmuls; attention: + q @ k^T; "
                         "all: both")
@@ -45,13 +49,19 @@ def add_int8_options(p: argparse.ArgumentParser) -> None:
 
 def add_model_overrides(p: argparse.ArgumentParser) -> None:
     """The create_model overrides, shared by export, train and classify."""
-    p.add_argument("--img-size", type=int)
-    p.add_argument("--num-classes", type=int)
-    p.add_argument("--rpe-on", help='"" or any of q, k, v combined, e.g. qkv')
-    p.add_argument("--rpe-method", choices=["euc", "quant", "cross", "product"])
-    p.add_argument("--rpe-mode", choices=["bias", "ctx"])
-    p.add_argument("--rpe-ratio", type=float)
-    p.add_argument("--rpe-unshared", action="store_true", help="one table per head")
+    p.add_argument("--img-size", type=int, help="input image side in pixels (default: the variant's)")
+    p.add_argument("--num-classes", type=int, help="classifier outputs (default: the variant's)")
+    p.add_argument("--rpe-on", help='where relative position encoding applies: "" or any of q, k, v combined, '
+                   "e.g. qkv (default: the variant's)")
+    p.add_argument("--rpe-method", choices=["euc", "quant", "cross", "product"],
+                   help="how relative positions map to buckets (default: the variant's)")
+    p.add_argument("--rpe-mode", choices=["bias", "ctx"],
+                   help="bias: a learned scalar per bucket; ctx: contextual, from the queries, keys or values "
+                   "(default: the variant's)")
+    p.add_argument("--rpe-ratio", type=float, help="bucket ratio: larger gives more, finer buckets "
+                   "(default: the variant's)")
+    p.add_argument("--rpe-unshared", action="store_true", help="one table per head (default: one table shared "
+                   "by the heads)")
 
 
 def model_overrides(args: argparse.Namespace) -> dict[str, object]:

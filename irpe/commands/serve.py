@@ -18,20 +18,21 @@ def add(sub: argparse._SubParsersAction) -> None:
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve an artifact over HTTP (/classify, KServe v2, metrics, demo page)",
                        description="Every option can also be set as an IRPE_* environment variable "
-                       "(e.g. IRPE_MAX_BATCH=16, IRPE_API_KEY=secret); flags win over variables.")
-    p.add_argument("artifact_dir", nargs="?", help="directory with model.json (or IRPE_ARTIFACT_DIR), or "
-                   "'digits' for the shipped digits model")
+                       "(e.g. IRPE_MAX_BATCH=16, IRPE_API_KEY=secret); flags win over variables. "
+                       "docs/configuration.md lists every setting.")
+    p.add_argument("artifact_dir", nargs="?", help="directory with model.json, a model repository, or 'digits' "
+                   "for the shipped digits model (default: $IRPE_ARTIFACT_DIR, else /models)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--port", type=int, help="HTTP port (0: a free one; default 8000)")
     p.add_argument("--grpc-port", type=int, help="also serve KServe v2 / Triton gRPC (inference.GRPCInferenceService) "
                    "on this port (0: a free one; default: off; needs the grpc extra)")
     p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"],
-                   help="auto: TensorRT on a GPU with a plan; on a CPU OpenVINO for int8/bf16 when installed, "
-                   "else ONNX Runtime")
-    p.add_argument("--device", choices=["cpu", "cuda"])
+                   help="inference runtime (default auto: TensorRT on a GPU with a plan; on a CPU OpenVINO for "
+                   "int8/bf16 when installed, else ONNX Runtime)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="where inference runs (default cpu)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
-                   help="OpenVINO float precision; auto: bf16 where the CPU has it and model.json's bf16 "
-                   "fidelity report passed, else fp32")
+                   help="OpenVINO float precision (default auto: bf16 where the CPU has it and model.json's bf16 "
+                   "fidelity report passed, else fp32)")
     p.add_argument("--max-batch", type=int, help="images per inference call (default: 4 on cpu, 32 on cuda)")
     p.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill (default 5)")
     p.add_argument("--max-queue", type=int, help="queued images before 503 (default 256)")
@@ -46,7 +47,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-mb", type=float, help="request body limit in MB (default 20)")
     p.add_argument("--max-pixels", type=lambda s: int(float(s)), help="pixel limit per image (default 40e6)")
     p.add_argument("--timeout-s", type=float, help="per-request deadline, 504 after (default 30)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                   help="server log verbosity (default info)")
     p.add_argument("--jpeg-draft", action="store_true", default=None,
                    help="decode JPEGs at a reduced DCT scale >= the resize size (faster, not bit-exact; "
                    "default off)")
@@ -120,14 +122,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _add_classify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("classify", help="classify image files locally (no server) and print a table")
-    p.add_argument("images", nargs="+")
+    p.add_argument("images", nargs="+", help="image files (PNG, JPEG, or anything Pillow reads)")
     p.add_argument("--model", required=True, help="artifact directory, or a checkpoint to export first "
                    "('digits': the shipped model; a published variant name with --pretrained)")
     p.add_argument("--pretrained", action="store_true", help="--model names a published variant: download its "
                    "released weights (cached) and export them first")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"], default="auto")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--top-k", type=int, default=5, help="classes printed per image")
+    p.add_argument("--backend", choices=["auto", "onnxruntime", "tensorrt", "openvino"], default="auto",
+                   help="inference runtime, as irpe serve --backend")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where inference runs")
     p.set_defaults(func=run_classify)
 
 
