@@ -7,7 +7,9 @@ with a quiet one instead of starving it. A new version is loaded and warmed befo
 the versions it replaces are announced as leaving (listeners: the engine process tells its front ends),
 then stop taking requests and are drained (requests already holding them finish on them) and dropped,
 after the control lock is released. A load that fails (bad model.json, checksum mismatch, a model.onnx the
-runtime refuses, a failed warm-up) leaves what was serving in place and the index shows the reason.
+runtime refuses, a failed warm-up, or any error no check foresaw) leaves what was serving in place and the
+index shows the reason. ``--model-control poll`` guards each model: a version that failed is logged once and
+not tried again until its files change, and the models after it are still loaded and retired.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class LocalHost(ModelHost):
         self._quiet = False
         self._poller: threading.Thread | None = None
         self._stop_poll = threading.Event()
+        self._poll_errors: dict[str, str] = {}  # model -> the error its last poll logged (logged once)
 
     def catalog(self) -> dict[str, CatalogEntry]:
         return {n: CatalogEntry(d.config.policy.to_config(), self.relative(d.error), d.config.max_queue)
@@ -225,15 +228,37 @@ class LocalHost(ModelHost):
                 self._retire(mv)
 
     def poll(self) -> None:
-        """Rescan: load new or rewritten versions, unload removed ones (``--model-control poll``)."""
+        """Rescan: load new or rewritten versions, unload removed ones (``--model-control poll``). Each model
+        is guarded: one that fails in a way no check foresaw is logged (once while the error stays the same)
+        and the models after it are still polled."""
         with self._controlled():
             self.dirs = scan(self.root)
             for name in sorted(set(self.dirs) | set(self.records)):
-                if name in self.dirs:
-                    self._sync(name, warm=True, retry_failed=False)
+                try:
+                    error = self._poll_model(name)
+                except Exception as e:
+                    error = f"{type(e).__name__}: {str(e)[:200]}"
+                    if self._poll_errors.get(name) != error:
+                        log.error("polling model %s failed (%s); the other models are still polled", name, error)
+                        log.debug("polling model %s failed", name, exc_info=True)
+                if error:
+                    self._poll_errors[name] = error
                 else:
-                    for mv in list(self.records.get(name, {}).values()):
-                        self._retire(mv)
+                    self._poll_errors.pop(name, None)
+
+    def _poll_model(self, name: str) -> str:
+        """Load, retire or leave ``name`` as its files now say; the config error it has ("" if none)."""
+        if name not in self.dirs:
+            for mv in list(self.records.get(name, {}).values()):
+                self._retire(mv)
+            return ""
+        d = self.dirs[name]
+        if d.error:  # a config.json that cannot be read: the index says why; logged when the reason changes
+            if self._poll_errors.get(name) != d.error:
+                self._failed(ModelVersion(name, 0, self.root / name), d.error)
+            return d.error
+        self._sync(name, warm=True, retry_failed=False)
+        return ""
 
     def _sync(self, name: str, warm: bool, retry_failed: bool = True) -> ModelVersion | None:
         """Load what the policy wants and is not loaded (or changed on disk); retire what it no longer wants
@@ -293,6 +318,10 @@ class LocalHost(ModelHost):
                                     streams=s.resolved_inference_threads(), solo_threads=s.resolved_solo_threads())
         except (ArtifactError, EngineError, OSError) as e:
             return self._failed(mv, str(e))
+        except Exception as e:  # a file no check foresaw: this version fails (once), the other models still load
+            log.debug("loading model %s version %d raised", name, version, exc_info=True)
+            return self._failed(mv, f"loading it raised {type(e).__name__} ({str(e)[:200]}); fix or re-export "
+                                "the artifact")
         d = self.dirs.get(name)
         info = mv.info = mv.engine.info
         solo = getattr(mv.engine, "run_solo", None)
