@@ -148,6 +148,8 @@ def test_reflection_lists_the_services_and_resolves_model_infer(channel: grpc.Ch
     assert infer.input_type.full_name == "inference.ModelInferRequest"
     assert "raw_input_contents" in infer.input_type.fields_by_name
     assert pool.FindServiceByName(HEALTH).methods_by_name["Watch"].server_streaming
+    # a method's name, as `grpcurl describe inference.GRPCInferenceService.ModelInfer` asks
+    assert database.FindFileContainingSymbol(f"{SERVICE}.ModelInfer").name == "grpc_service.proto"
     with pytest.raises(KeyError):  # only the served protocol's files, not whatever else the process imported
         database.FindFileContainingSymbol("google.protobuf.FileDescriptorProto")
 
