@@ -29,9 +29,36 @@ def _subcommands() -> list[Callable[[argparse._SubParsersAction], None]]:
     return [_add_models, export.add, train.add, serve.add, bench.add]
 
 
+DESCRIPTION = ("irpe exports vision transformers with image relative position encoding (iRPE) to ONNX, TensorRT "
+               "and Triton, and serves them over HTTP and gRPC (KServe v2 / Triton protocol).")
+EPILOG = ("Run 'irpe COMMAND --help' for a command's options. docs/cli.md lists every command and flag, "
+          "docs/configuration.md every setting and IRPE_* variable.")
+
+
+class _CommandsFormatter(argparse.HelpFormatter):
+    """``irpe --help``'s layout: each command name on one line with its help (argparse measures the names
+    without their indentation and would put a long one on a line of its own)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction) and action.choices:
+            indented = max(map(len, action.choices)) + self._current_indent + 2 * self._indent_increment
+            self._action_max_length = max(self._action_max_length, indented)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="irpe", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The ``irpe`` parser with every subcommand.
+
+    Returns:
+        The parser; each leaf subcommand sets ``func``, the function that runs it.
+    """
+    from irpe.version import package_version
+
+    parser = argparse.ArgumentParser(prog="irpe", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=_CommandsFormatter)
+    parser.add_argument("--version", action="version", version=f"irpe {package_version()}",
+                        help="print the irpe-deploy version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     for add in _subcommands():
         add(sub)
     return parser

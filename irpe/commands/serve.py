@@ -16,7 +16,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve an artifact over HTTP (/classify, KServe v2, metrics, demo page)",
+    p = sub.add_parser("serve", help="serve models over HTTP (/classify, KServe v2, metrics, demo page) and, with "
+                       "--grpc-port, gRPC",
                        description="Every option can also be set as an IRPE_* environment variable "
                        "(e.g. IRPE_MAX_BATCH=16, IRPE_API_KEY=secret); flags win over variables. "
                        "docs/configuration.md lists every setting.")
