@@ -15,6 +15,7 @@ rounds: the table gives each path's iRPE/plain ratio too (:func:`format_plain_ra
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -73,17 +74,18 @@ def export_pair(model: str, tmp: Path, calib: Path, *, img_size: int, calibratio
     """(fp32 artifact, int8 artifact) of a random-weight ``model`` (fidelity floors off: random weights)."""
     import torch
 
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
     from irpe.export.bench import random_model
 
     ckpt = tmp / f"{model}.pth"
     torch.save({"model": random_model(model, img_size).state_dict()}, ckpt)
-    kw = {"name": model, "overrides": {"img_size": img_size}, "progress": False}
-    fp32 = export_artifact(ckpt, tmp / f"{model}-fp32", **kw)
+    fp32_options = ExportOptions(name=model, overrides={"img_size": img_size}, progress=False)
+    fp32 = export_artifact(ckpt, tmp / f"{model}-fp32", fp32_options)
     floors = {"top1_agreement": 0.0, "cosine_mean": 0.0, "accuracy_drop": 1.0}
-    int8 = export_artifact(ckpt, tmp / f"{model}-int8", int8=True, calibration=str(calib), **kw,
-                           calibration_options={"calibration_size": calibration_size, "heldout": 16,
-                                                "scope": scope, "floors": floors})
+    int8_options = dataclasses.replace(
+        fp32_options, int8=True, calibration=str(calib),
+        calibration_options={"calibration_size": calibration_size, "heldout": 16, "scope": scope, "floors": floors})
+    int8 = export_artifact(ckpt, tmp / f"{model}-int8", int8_options)
     return fp32, int8
 
 

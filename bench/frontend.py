@@ -181,14 +181,15 @@ def build_near_free(out_dir: Path) -> Path:
     """Export the near-free model (random weights; needs torch)."""
     import torch
 
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
     from irpe.models import create_model
 
     torch.manual_seed(0)
     overrides = {"img_size": 224, "patch_size": 32}
     ckpt = out_dir / "near-free.pth"
     torch.save(create_model(NEAR_FREE, **overrides).state_dict(), ckpt)
-    return Path(export_artifact(ckpt, out_dir / "artifact", name=NEAR_FREE, overrides=overrides, progress=False))
+    return Path(export_artifact(ckpt, out_dir / "artifact",
+                                ExportOptions(name=NEAR_FREE, overrides=overrides, progress=False)))
 
 
 def run_frontend_bench(artifact: str | None, requests: int, concurrency: int, frontends: list[int],

@@ -58,13 +58,13 @@ def build_artifact(out_dir: Path, model: str = DEFAULT_MODEL) -> Path:
     """Export ``model`` with random weights (torch and irpe.export are imported here only)."""
     import torch
 
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
     from irpe.models import create_model
 
     torch.manual_seed(0)
     ckpt = out_dir / "random.pth"
     torch.save(create_model(model).state_dict(), ckpt)
-    return Path(export_artifact(ckpt, out_dir / "artifact", name=model, progress=False))
+    return Path(export_artifact(ckpt, out_dir / "artifact", ExportOptions(name=model, progress=False)))
 
 
 def sample_jpeg(size: int = 512, seed: int = 0) -> bytes:

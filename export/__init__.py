@@ -1,8 +1,9 @@
 """irpe.export: checkpoint -> ONNX graph (built from the weights) + model.json, parity-checked."""
 
-from .artifact import ExportError, export_artifact, parse_formats
+from .artifact import export_artifact
 from .onnx import build_onnx, onnx_from_model
+from .options import FORMATS, ExportError, ExportOptions, parse_formats
 from .parity import ParityError, check_parity
 
-__all__ = ["ExportError", "ParityError", "build_onnx", "check_parity", "export_artifact", "onnx_from_model",
-           "parse_formats"]
+__all__ = ["FORMATS", "ExportError", "ExportOptions", "ParityError", "build_onnx", "check_parity",
+           "export_artifact", "onnx_from_model", "parse_formats"]

@@ -32,7 +32,6 @@ class Emit:
     cfg: ViTConfig
     opset: int
     plugin: bool = False
-    tensorrt: bool = False  # for TensorRT's parser: the standard graph already suits it (no ScatterND)
     tables: dict[int, dict[str, list[Table]]] = field(default_factory=dict)
     batch: str = ""  # 1-D int64 tensor [N] (the dynamic batch size), set by :func:`layers.embed`
     cache: dict[str, str] = field(default_factory=dict)  # values shared by all layers (e.g. zeros)

@@ -18,17 +18,15 @@ OUTPUT_NAME = "logits"
 MIN_OPSET = 17
 
 
-def build_onnx(model: nn.Module, *, opset: int = 17, rpe_plugin: bool = False, fp16: bool = False,
-               tensorrt: bool = False) -> onnx.ModelProto:
-    """The ModelProto of ``model`` (a :class:`irpe.models.VisionTransformer`), not yet checked.
-
-    ``tensorrt=True``: for TensorRT's ONNX parser; the standard graph has no node it rejects (see rpe_graph)."""
+def build_onnx(model: nn.Module, *, opset: int = 17, rpe_plugin: bool = False, fp16: bool = False) -> onnx.ModelProto:
+    """The ModelProto of ``model`` (a :class:`irpe.models.VisionTransformer`), not yet checked. The standard
+    graph suits TensorRT's ONNX parser as it is (no node it rejects: see rpe_graph)."""
     if opset < MIN_OPSET:
         raise ValueError(f"--opset {opset} is too old: LayerNormalization needs opset >= {MIN_OPSET}")
     cfg = model.cfg
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     g = GraphBuilder(np.float16 if fp16 else np.float32)
-    e = Emit(g=g, sd=sd, cfg=cfg, opset=opset, plugin=rpe_plugin, tensorrt=tensorrt,
+    e = Emit(g=g, sd=sd, cfg=cfg, opset=opset, plugin=rpe_plugin,
              tables=rpe_graph.collect_tables(model))
     x = INPUT_NAME
     if fp16:

@@ -130,11 +130,11 @@ def exported_artifact(checkpoint: Path, out_dir: Path, progress: bool = True) ->
             return out_dir
     except ArtifactError:
         pass
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
 
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent))
     try:
-        export_artifact(checkpoint, tmp, progress=progress)  # recorded overrides apply on load
+        export_artifact(checkpoint, tmp, ExportOptions(progress=progress))  # recorded overrides apply on load
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     finally:

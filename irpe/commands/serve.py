@@ -88,7 +88,14 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-header-kb", type=int, help="request line + headers size (default 64)")
     p.add_argument("--header-timeout-s", type=float, help="time to receive the request head, 408 after (default 10)")
     p.add_argument("--body-timeout-s", type=float, help="time to receive the request body, 408 after (default 60)")
-    p.add_argument("--max-connections", type=int, help="open connections before 503 (default 256)")
+    p.add_argument("--max-connections", type=int, help="open connections before 503 (default 256); with --grpc-port "
+                   "also the gRPC listener's connection cap and its concurrent RPCs (RESOURCE_EXHAUSTED past it)")
+    p.add_argument("--grpc-max-streams", type=int, help="concurrent RPCs on one gRPC connection (HTTP/2 "
+                   "MAX_CONCURRENT_STREAMS; default 64)")
+    p.add_argument("--grpc-idle-timeout-s", type=float, help="a gRPC connection with no RPC running, or a "
+                   "ModelStreamInfer stream with no message, is closed after this long (default 300)")
+    p.add_argument("--grpc-max-age-s", type=float, help="a gRPC connection is asked to reconnect (GOAWAY) after this "
+                   "long; its running RPCs get --timeout-s more (default 3600)")
     p.add_argument("--allowed-hosts", help="comma-separated Host names accepted ('*': any; default: loopback "
                    "names on a loopback bind without a key, else any)")
     p.add_argument("--allow-client-shm", action="store_true", default=None,
@@ -99,8 +106,8 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
 
 
 LIMIT_KEYS = ("insecure", "max_images", "max_decode_pixels", "max_jpeg_scans", "max_header_kb", "header_timeout_s",
-              "body_timeout_s", "max_connections", "allowed_hosts", "allow_client_shm", "max_shm_regions",
-              "max_shm_region_mb")
+              "body_timeout_s", "max_connections", "grpc_max_streams", "grpc_idle_timeout_s", "grpc_max_age_s",
+              "allowed_hosts", "allow_client_shm", "max_shm_regions", "max_shm_region_mb")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -153,10 +160,10 @@ def run_classify(args: argparse.Namespace) -> int:
         raise CLIError("--top-k must be at least 1")
     if model.is_dir():
         return _classify(args, model)
-    from irpe.export import export_artifact  # checkpoint: export to a temporary artifact first
+    from irpe.export import ExportOptions, export_artifact  # checkpoint: export to a temporary artifact first
 
     with tempfile.TemporaryDirectory(prefix="irpe-classify-") as tmp:
-        return _classify(args, Path(export_artifact(model, tmp)))
+        return _classify(args, Path(export_artifact(model, tmp, ExportOptions())))
 
 
 def _classify(args: argparse.Namespace, artifact_dir: Path) -> int:

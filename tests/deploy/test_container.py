@@ -102,14 +102,14 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail("torch is not installed: scripts/test.sh installs the export extra")
     import torch
 
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
     from irpe.models import create_model
 
     tmp = tmp_path_factory.mktemp("container")
     torch.manual_seed(0)
     ckpt = tmp / "model.pth"
     torch.save(create_model(MODEL).eval().state_dict(), ckpt)
-    out = Path(export_artifact(ckpt, tmp / "artifact", name=MODEL, progress=False))
+    out = Path(export_artifact(ckpt, tmp / "artifact", ExportOptions(name=MODEL, progress=False)))
     for p in [out, *out.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return out

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from irpe.export import export_artifact
+from irpe.export import ExportOptions, export_artifact
 from irpe.export.bench import random_model
 
 MICRO = "deit_micro_patch4_32_ctx_product_shared_k"
@@ -48,5 +48,6 @@ RANDOM_MODEL_FLOORS = {"top1_agreement": 0.9, "accuracy_drop": 0.03}
 
 def export_int8(ckpt: Path, out: Path, **kw: object) -> Path:
     """--int8 --calibration digits export (small calibration set, every validation image held out)."""
-    return export_artifact(ckpt, out, progress=False, int8=True, calibration="digits",
-                           calibration_options={"calibration_size": 32, "floors": RANDOM_MODEL_FLOORS, **kw})
+    options = ExportOptions(progress=False, int8=True, calibration="digits",
+                            calibration_options={"calibration_size": 32, "floors": RANDOM_MODEL_FLOORS, **kw})
+    return export_artifact(ckpt, out, options)

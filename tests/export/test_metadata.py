@@ -12,7 +12,7 @@ import torch
 
 from irpe.artifact import Preprocess, file_sha256, load_artifact
 from irpe.cli import main
-from irpe.export import ExportError, export_artifact, parse_formats
+from irpe.export import ExportError, ExportOptions, export_artifact, parse_formats
 from irpe.export.bench import random_model
 from irpe.export.metadata import imagenet_labels, labels_for, preprocess_for, read_metadata
 
@@ -34,7 +34,7 @@ def digits_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def artifact_dir(digits_checkpoint, tmp_path_factory):
-    return export_artifact(digits_checkpoint, tmp_path_factory.mktemp("art"), progress=False)
+    return export_artifact(digits_checkpoint, tmp_path_factory.mktemp("art"), ExportOptions(progress=False))
 
 
 def test_imagenet_labels_are_the_1000_classes_in_index_order():

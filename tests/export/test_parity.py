@@ -84,14 +84,14 @@ def test_the_bound_scales_with_the_logits():
 @pytest.mark.timeout(7200)  # 50 DeiT-S exports at 224 px: ~25 min on 2 idle cores, > 1 h on a busy one
 def test_fifty_consecutive_exports_of_one_qkv_checkpoint_all_pass(tmp_path):
     """The gate that once failed 1 export in 10 of one DeiT-S iRPE-QKV checkpoint: same verdict, same diff."""
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
 
     model = random_model("deit_small_patch16_224_ctx_product_50_shared_qkv", rpe_std=0.5)
     ckpt = tmp_path / "qkv.pth"
     torch.save({"model": model.state_dict()}, ckpt)
     diffs = set()
     for i in range(50):
-        out = export_artifact(ckpt, tmp_path / f"a{i % 2}", progress=False)
+        out = export_artifact(ckpt, tmp_path / f"a{i % 2}", ExportOptions(progress=False))
         report = json.loads((out / "model.json").read_text())["parity"]
         assert report["passed"], report
         diffs.add(report["max_abs_diff"])

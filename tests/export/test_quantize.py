@@ -121,13 +121,14 @@ def test_image_directory_is_split_into_disjoint_calibration_and_heldout(ckpt: Pa
 def test_rpe_plugin_int8_keeps_irpe_nodes_float_between_qdq(ckpt: Path, int8_dir: Path, tmp_path: Path) -> None:
     """--rpe-plugin --int8: the plugin graph gets the standard graph's Q/DQ pairs (TensorRT's form), its irpe::
     nodes read float tensors, and ONNX Runtime runs it (custom-op lowering) like the standard int8 graph."""
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
     from irpe.export.parity import ort_session
     from irpe.plugins.ops import DOMAIN
     from tests.export.int8_helpers import RANDOM_MODEL_FLOORS
 
-    out = export_artifact(ckpt, tmp_path / "plugin", progress=False, int8=True, calibration="digits",
-                          rpe_plugin=True, calibration_options={"calibration_size": 32, "floors": RANDOM_MODEL_FLOORS})
+    options = ExportOptions(progress=False, int8=True, calibration="digits", rpe_plugin=True,
+                            calibration_options={"calibration_size": 32, "floors": RANDOM_MODEL_FLOORS})
+    out = export_artifact(ckpt, tmp_path / "plugin", options)
     proto = onnx.load(str(out / "model.onnx"))
     assert qdq_form_violations(proto) == []
     assert sorted(quantized_matmuls(proto)) == sorted(quantized_matmuls(onnx.load(str(int8_dir / "model.onnx"))))

@@ -134,20 +134,19 @@ def test_engine_with_aot_plugins_matches_onnxruntime(tmp_path, fp16):
     assert report["ok"], report
 
 
-def test_export_for_tensorrt_needs_no_variant_for_value_side_irpe(no_tensorrt, tmp_path):
+def test_export_for_tensorrt_of_value_side_irpe_writes_onnx_tensorrt_parses(no_tensorrt, tmp_path):
     """--format tensorrt on a value-side iRPE model: model.onnx itself suits TensorRT's parser (no ScatterND
-    reduction), so no model.tensorrt.onnx is written; the engine build then fails with the no-TensorRT message."""
+    reduction); without TensorRT the engine build fails with the message saying only the engine is missing."""
     import torch
 
-    from irpe.export import export_artifact
-    from irpe.export.artifact import ExportError
+    from irpe.export import ExportError, ExportOptions, export_artifact
     from irpe.models import create_model
 
     name = "deit_tiny_patch16_224_ctx_product_50_shared_k"
     torch.manual_seed(0)
     torch.save(create_model(name, img_size=32, num_classes=4, rpe_on="qkv").state_dict(), tmp_path / "m.pth")
     with pytest.raises(ExportError, match="only the TensorRT engine is missing"):
-        export_artifact(tmp_path / "m.pth", tmp_path / "out", name=name, formats="tensorrt", progress=False,
-                        overrides={"img_size": 32, "num_classes": 4, "rpe_on": "qkv"})
-    assert not (tmp_path / "out" / "model.tensorrt.onnx").exists()
+        export_artifact(tmp_path / "m.pth", tmp_path / "out",
+                        ExportOptions(name=name, formats="tensorrt", progress=False,
+                                      overrides={"img_size": 32, "num_classes": 4, "rpe_on": "qkv"}))
     assert trt_export.tensorrt_incompatibilities(onnx.load(str(tmp_path / "out" / "model.onnx"))) == []

@@ -20,7 +20,7 @@ RPE_STD = 0.5  # random, non-zero bucket tables (a trained model's are; zero tab
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     import torch
 
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
     from irpe.export.bench import random_model
 
     tmp = tmp_path_factory.mktemp("e2e")
@@ -29,8 +29,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     assert len(tables) == 3 * 12 and all(float(t.detach().abs().min()) > 0 for t in tables)  # q, k, v in 12 blocks
     ckpt = tmp / "model.pth"
     torch.save(model.state_dict(), ckpt)
-    out = export_artifact(ckpt, tmp / "artifact", name=NAME, overrides={"img_size": 64, "num_classes": 10},
-                          progress=False)
+    out = export_artifact(ckpt, tmp / "artifact",
+                          ExportOptions(name=NAME, overrides={"img_size": 64, "num_classes": 10}, progress=False))
     return Path(out), ckpt
 
 

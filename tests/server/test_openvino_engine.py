@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from irpe.artifact import load_artifact, save_artifact
-from irpe.export import export_artifact
+from irpe.export import ExportOptions, export_artifact
 from irpe.server.engines import EngineError, load_engine
 from irpe.server.engines.openvino import cpu_has_bf16, import_openvino
 from tests.export.int8_helpers import digits_arrays, digits_checkpoint, export_int8
@@ -27,7 +27,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(fp32 artifact without fidelity reports, int8 artifact with them) of the same checkpoint."""
     tmp = tmp_path_factory.mktemp("ov")
     ckpt = digits_checkpoint(tmp / "digits.pth")
-    return export_artifact(ckpt, tmp / "fp32", progress=False), export_int8(ckpt, tmp / "int8")
+    return export_artifact(ckpt, tmp / "fp32", ExportOptions(progress=False)), export_int8(ckpt, tmp / "int8")
 
 
 @pytest.fixture(scope="module")

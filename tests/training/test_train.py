@@ -38,7 +38,7 @@ def test_checkpoint_exports(digits_run, tmp_path):
     from irpe import export
     from irpe.artifact.schema import load_artifact
 
-    out = export.export_artifact(digits_run.checkpoint, tmp_path / "art", progress=False)
+    out = export.export_artifact(digits_run.checkpoint, tmp_path / "art", export.ExportOptions(progress=False))
     art = load_artifact(out)
     assert art.labels == [str(i) for i in range(10)] and art.preprocess.fit == "ink"
     assert art.preprocess.grayscale and art.img_size == 32
