@@ -18,7 +18,10 @@ MODEL_CONTROL = ("none", "poll", "explicit")
 
 @dataclass
 class Settings:
-    """Everything ``irpe serve`` can be told; each field ``x`` is also read from ``IRPE_X``."""
+    """Everything ``irpe serve`` can be told; each field ``x`` is also read from ``IRPE_<X>``.
+
+    docs/configuration.md is generated from these fields (``python -m irpe.docs_reference``): a field with an
+    ``irpe serve`` flag is documented by the flag's help, a field without one by its end-of-line comment."""
 
     artifact_dir: str = "/models"
     host: str = "127.0.0.1"
@@ -36,7 +39,7 @@ class Settings:
     max_body_mb: float = 20.0
     max_pixels: int = 40_000_000
     timeout_s: float = 30.0
-    api_key: str = ""
+    api_key: str = ""  # when set, every request but the health checks needs 'Authorization: Bearer <key>'
     admin_key: str = ""  # model control (load/unload) needs it; without it: allowed on a loopback bind only
     log_level: str = "info"
     jpeg_draft: bool = False
@@ -49,6 +52,9 @@ class Settings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_connections: int = 256
+    grpc_max_streams: int = 64  # concurrent RPCs on one gRPC connection (HTTP/2 MAX_CONCURRENT_STREAMS)
+    grpc_idle_timeout_s: float = 300.0  # a gRPC connection with no RPC, or a stream with no message, closed after
+    grpc_max_age_s: float = 3600.0  # a gRPC connection asked to reconnect after (running RPCs get --timeout-s)
     allowed_hosts: str = ""
     frontends: int = -1  # HTTP front-end processes feeding one engine process; 0: one process, -1: auto
     model_control: str = "none"  # model repository (issue 19): none | poll | explicit
@@ -58,6 +64,7 @@ class Settings:
     allow_client_shm: bool = False  # Triton's system shared memory extension (clients name /dev/shm regions)
     max_shm_regions: int = 64
     max_shm_region_mb: float = 1024.0
+    shm_name_prefix: str = ""  # /dev/shm names any local client may register, whoever owns the file ('': none)
 
     def startup_models(self) -> list[str] | None:
         """The models ``--load-model`` names for an explicit repository (None: load every model)."""
@@ -108,6 +115,11 @@ class Settings:
         if self.allow_client_shm and (self.workers > 1 or self.frontends > 1):
             raise ValueError("allow_client_shm: client shared-memory regions are registered per process; use it "
                              "with --workers 1 and --frontends 0 or 1")
+        prefix = self.shm_name_prefix
+        if prefix and not (3 <= len(prefix) <= 64 and prefix[0] not in ".-"
+                           and all(c.isascii() and (c.isalnum() or c in "_.-") for c in prefix)):
+            raise ValueError(f"shm_name_prefix {prefix[:80]!r}: give 3-64 letters, digits, '_', '.' or '-' (not "
+                             "starting with '.' or '-'), the start of the /dev/shm names clients may share")
 
     def _limit_checks(self) -> dict[str, bool]:
         """The hostile-input limits (SECURITY.md): all positive; the decode budget fits one maximal image."""
@@ -115,6 +127,8 @@ class Settings:
                 "max_decode_pixels": self.max_decode_pixels == 0 or self.max_decode_pixels >= self.max_pixels,
                 "max_header_kb": self.max_header_kb >= 1, "header_timeout_s": self.header_timeout_s > 0,
                 "body_timeout_s": self.body_timeout_s > 0, "max_connections": self.max_connections >= 1,
+                "grpc_max_streams": self.grpc_max_streams >= 1, "grpc_idle_timeout_s": self.grpc_idle_timeout_s > 0,
+                "grpc_max_age_s": self.grpc_max_age_s > 0,
                 "max_shm_regions": self.max_shm_regions >= 1, "max_shm_region_mb": self.max_shm_region_mb > 0}
 
     def resolved_max_decode_pixels(self) -> int:

@@ -17,7 +17,7 @@ from .frontend import FrontEndServer
 from .hosting.layout import check_layout, is_plain_artifact, scan
 from .http.protocol import uvicorn_config_kwargs
 from .memory import tune_gc
-from .runtime import announce, configure_logging
+from .runtime import announce, configure_logging, raise_open_file_limit
 
 
 def serve(settings: Settings) -> None:
@@ -28,6 +28,7 @@ def serve(settings: Settings) -> None:
         raise SystemExit(f"irpe serve: error: {e}") from None
     check_artifact_dir(settings)
     configure_logging(settings)
+    raise_open_file_limit()  # every process of the server: connections meet the caps, not the fd limit
     frontends = settings.frontends if settings.frontends < -1 else settings.resolved_frontends()
     _check_repository_fits(settings, frontends)
     if frontends:

@@ -1,10 +1,11 @@
-"""What every server process shares: logging, the startup announcement, and the setup of a child process of
-``--frontends`` (no FastAPI or uvicorn here: the engine process uses this)."""
+"""What every server process shares: logging, the startup announcement, the open-file limit, and the setup of a
+child process of ``--frontends`` (no FastAPI or uvicorn here: the engine process uses this)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -19,6 +20,24 @@ def configure_logging(settings: Settings) -> None:
     """Log lines with time and logger name at the configured level."""
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft open-file limit (RLIMIT_NOFILE) to its hard limit, so connections, not a
+    default of 1,024 descriptors, meet the connection caps first; child processes inherit it.
+
+    Returns:
+        The soft limit now in force.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:  # RLIM_INFINITY refused (macOS): keep the soft limit
+            logging.getLogger("irpe.server").warning("could not raise the open-file limit from %d to %s: %s",
+                                                     soft, hard, e)
+    return soft
 
 
 def announce(sock_name: tuple) -> None:

@@ -6,21 +6,26 @@ before protobuf parses it. Its ``raw_input_contents`` (field 7, the tensor bytes
 become views of the received buffer, and protobuf parses only the rest (names, shapes, parameters). Parsing
 the whole message copied the tensor once into the message and once more when read out of it.
 Anything the scan (:mod:`irpe.artifact.protowire`, the wire format read without a schema) does not
-understand is handed to protobuf whole, so a malformed message fails as before.
+understand is handed to protobuf whole, so a malformed message fails as before; so is a message of more than
+:data:`FIELD_BUDGET` top-level fields (a real request has a dozen: the scan walks fields in Python, protobuf's
+parser in C). RPCs the servicer does not implement answer UNIMPLEMENTED, with no traceback.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
 from irpe.artifact.protowire import Malformed, fields
 
 SERVICE = "inference.GRPCInferenceService"
 RAW_INPUT_CONTENTS = 7  # ModelInferRequest.raw_input_contents: repeated bytes
+FIELD_BUDGET = 256  # top-level fields the scan walks before handing the message to protobuf whole
 
 
 @dataclass
@@ -33,11 +38,7 @@ class InferCall:
 
 def parse_infer(data: bytes) -> InferCall:
     """Split a serialized ModelInferRequest (see the module docstring)."""
-    try:
-        spans = [(at, a, b) for number, wire, a, b, at in fields(data, 0, len(data))
-                 if number == RAW_INPUT_CONTENTS and wire == 2]
-    except Malformed:
-        spans = []
+    spans = _raw_spans(data)
     if not spans:  # nothing to split off, or not well-formed: protobuf's own parse, answer or error
         return InferCall(pb.ModelInferRequest.FromString(data))
     view, rest, last = memoryview(data), [], 0
@@ -46,6 +47,31 @@ def parse_infer(data: bytes) -> InferCall:
         last = end
     rest.append(view[last:])
     return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), [view[a:b] for _, a, b in spans])
+
+
+def _raw_spans(data: bytes) -> list[tuple[int, int, int]]:
+    """(field start, tensor start, tensor end) of each raw tensor; [] when the message is malformed or has more
+    than FIELD_BUDGET top-level fields (then protobuf parses it whole)."""
+    spans = []
+    try:
+        for count, (number, wire, a, b, at) in enumerate(fields(data, 0, len(data))):
+            if count >= FIELD_BUDGET:
+                return []
+            if number == RAW_INPUT_CONTENTS and wire == 2:
+                spans.append((at, a, b))
+    except Malformed:
+        return []
+    return spans
+
+
+def unimplemented(name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+    """An RPC this server does not implement: UNIMPLEMENTED, naming it (the generated base class raises
+    NotImplementedError, which gRPC logs with a traceback per call)."""
+
+    async def answer(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{SERVICE}/{name} is not implemented by this server")
+
+    return answer
 
 
 def service_handler(servicer: Any) -> grpc.GenericRpcHandler:
@@ -57,6 +83,9 @@ def service_handler(servicer: Any) -> grpc.GenericRpcHandler:
         request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
         make = makers[(method.client_streaming, method.server_streaming)]
         parse = parse_infer if method.name == "ModelInfer" else request.FromString
-        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=parse,
+        behavior = getattr(servicer, method.name)
+        if getattr(type(servicer), method.name, None) is getattr(GRPCInferenceServiceServicer, method.name):
+            behavior = unimplemented(method.name)
+        handlers[method.name] = make(behavior, request_deserializer=parse,
                                      response_serializer=response.SerializeToString)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)

@@ -1,8 +1,10 @@
 """Start and stop the gRPC server of one front-end process, on the event loop that serves HTTP.
 
 Messages are limited to ``--max-body-mb`` (a larger one is refused by gRPC with RESOURCE_EXHAUSTED before
-it is read whole), and concurrent RPCs to ``--max-connections`` (more: RESOURCE_EXHAUSTED). With
-``--frontends`` every front end binds the same port with ``SO_REUSEPORT`` (the kernel spreads connections).
+it is read whole), and concurrent RPCs to ``--max-connections`` (more: RESOURCE_EXHAUSTED). The connection
+limits are gRPC core's (:mod:`.limits`); every call passes the call gate (:mod:`.gate`: the key at call start,
+message deadlines, parsing) whichever service answers it. With ``--frontends`` every front end binds the same
+port with ``SO_REUSEPORT`` (the kernel spreads connections).
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import grpc
 
 from ..pipeline.service import Service
+from .gate import CallGate
 from .handlers import service_handler
+from .health import add_standard_services, end_standard_services
+from .limits import GrpcLimits
 from .servicer import InferenceServicer
 
 
@@ -24,11 +29,12 @@ async def start_grpc(service: Service, port: int, reuse_port: bool = False) -> t
     """A started gRPC server on ``--host`` and ``port`` (0: a free one) and the port it bound; RuntimeError
     when it cannot bind. ``reuse_port``: share the port with the other front ends."""
     s = service.settings
-    options = [("grpc.max_receive_message_length", s.max_body_bytes),
-               ("grpc.max_send_message_length", s.max_body_bytes),
-               ("grpc.so_reuseport", 1 if reuse_port else 0)]
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=s.max_connections)
-    server.add_generic_rpc_handlers((service_handler(InferenceServicer(service)),))
+    limits = GrpcLimits.from_settings(s)
+    servicer = InferenceServicer(service)
+    gate = CallGate(s, limits, servicer.observe)
+    server = grpc.aio.server(options=limits.channel_options(reuse_port), interceptors=(gate,),
+                             maximum_concurrent_rpcs=s.max_connections)
+    add_services(server, servicer)
     bound = server.add_insecure_port(address(s.host, port))
     if not bound:
         raise RuntimeError(f"cannot listen for gRPC on {address(s.host, port)}")
@@ -36,6 +42,18 @@ async def start_grpc(service: Service, port: int, reuse_port: bool = False) -> t
     return server, bound
 
 
+def add_services(server: grpc.aio.Server, servicer: InferenceServicer) -> None:
+    """Register the services the listener answers (every one behind the call gate and the limits).
+
+    Args:
+        server: the gRPC server, not started yet.
+        servicer: ``inference.GRPCInferenceService``'s RPCs.
+    """
+    server.add_generic_rpc_handlers((service_handler(servicer),))
+    add_standard_services(server, servicer.service)  # grpc.health.v1.Health and reflection
+
+
 async def stop_grpc(server: grpc.aio.Server, grace: float) -> None:
     """Refuse new RPCs, let running ones finish within ``grace`` seconds, then cancel the rest."""
+    end_standard_services(server)  # open health Watch streams end now, not after the grace
     await server.stop(grace)

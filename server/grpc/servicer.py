@@ -26,12 +26,14 @@ from ..pipeline import oip
 from ..pipeline.control import check_admin, run_control
 from ..pipeline.service import Service
 from . import client_shm, codec
+from .gate import MessageError
 from .handlers import InferCall
 from .status import grpc_code
 
 log = logging.getLogger("irpe.server")
 Handler = Callable[..., Awaitable[Any]]
 STREAM_ROUTE = "/inference.GRPCInferenceService/ModelStreamInfer"  # counted per request of the stream
+MAX_ID_CHARS = 1024  # a request id is echoed in its answer: a longer one is refused (INVALID_ARGUMENT)
 
 
 def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
@@ -115,7 +117,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc()
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=oip.model_ready(self.service, request.name, request.version or None))
+        try:  # an unknown model is not ready (Triton's answer), not NOT_FOUND
+            ready = oip.model_ready(self.service, request.name, request.version or None)
+        except APIError as e:
+            if e.status != 404:
+                raise
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
 
     @rpc()
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
@@ -189,6 +197,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         service = self.service
         name, version = req.model_name, req.model_version or None
+        if len(req.id) > MAX_ID_CHARS:
+            raise APIError(400, "invalid_input", f"request id of {len(req.id)} characters: at most {MAX_ID_CHARS} "
+                           "(the id is echoed in the answer); send a shorter id")
         if not service.host.knows(name):
             service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
         with service.use(name, version) as mv:
@@ -209,40 +220,52 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests of one stream run concurrently (they batch together), at most ``max_batch_size`` at once
-        (then the stream is not read further until one is answered: gRPC's flow control holds the client);
-        answers come as they finish, each with its request's id; a failed request is an answer with
-        ``error_message``."""
+        """Requests of one stream run concurrently (they batch together), at most ``max_batch_size`` at once:
+        each holds a slot until its answer is sent, so a client that does not read its answers stops the stream
+        being read (gRPC's flow control then holds the client). Answers come as they finish, each with its
+        request's id; a failed request is an answer with ``error_message``. A message that does not parse or
+        comes late (:mod:`.gate`) ends the stream with its status once the answers in flight are sent."""
         try:
             self.check_key(context)
         except APIError as e:
             await context.abort(grpc_code(e.status), e.message)
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        slots = oip.max_images(self.service)  # more could never all be queued
+        room = asyncio.Semaphore(slots)
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(slots + 1)
         client_shm.PEER.set(context.peer())  # the stream's request tasks inherit it
-        feeder = asyncio.ensure_future(self._feed(request_iterator, answers))
+        feeder = asyncio.ensure_future(self._feed(request_iterator, answers, room))
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
+                room.release()  # sent: gRPC asks for the next answer once this one is written
+            await feeder  # the stream's own error (a bad or late message), after its answers
         finally:
             feeder.cancel()
 
     async def _feed(self, requests: AsyncIterator[pb.ModelInferRequest],
-                    answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
+                    answers: asyncio.Queue[pb.ModelStreamInferResponse | None], room: asyncio.Semaphore) -> None:
+        """Start each request once a slot is free; the end marker after the last answer; then the stream's
+        error, if it had one."""
         tasks: set[asyncio.Task[None]] = set()
-        room = asyncio.Semaphore(oip.max_images(self.service))  # more could never all be queued: stop reading
+        error: MessageError | None = None
         try:
-            async for req in requests:
-                await room.acquire()
-                task = asyncio.ensure_future(self._stream_one(req, answers))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                task.add_done_callback(lambda _: room.release())
+            try:
+                async for req in requests:
+                    await room.acquire()
+                    task = asyncio.ensure_future(self._stream_one(req, answers))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            except MessageError as e:
+                error = e
             if tasks:
                 await asyncio.gather(*tasks)
-        finally:
+        except asyncio.CancelledError:
             for task in tasks:
                 task.cancel()
-            answers.put_nowait(None)
+            raise
+        answers.put_nowait(None)
+        if error is not None:
+            raise error
 
     async def _stream_one(self, req: pb.ModelInferRequest,
                           answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
@@ -252,11 +275,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except APIError as e:
             code = grpc_code(e.status)
             answer = pb.ModelStreamInferResponse(error_message=e.message,
-                                                 infer_response=pb.ModelInferResponse(id=req.id))
+                                                 infer_response=pb.ModelInferResponse(id=_echoed(req.id)))
         except Exception:
             log.exception("unhandled error in gRPC ModelStreamInfer")
             code = grpc.StatusCode.INTERNAL
             answer = pb.ModelStreamInferResponse(error_message="unexpected server error; it has been logged",
-                                                 infer_response=pb.ModelInferResponse(id=req.id))
+                                                 infer_response=pb.ModelInferResponse(id=_echoed(req.id)))
         self.observe(STREAM_ROUTE, code, time.perf_counter() - start)
         answers.put_nowait(answer)
+
+
+def _echoed(request_id: str) -> str:
+    """The id an error answer echoes: the request's, or none when it is over MAX_ID_CHARS."""
+    return request_id if len(request_id) <= MAX_ID_CHARS else ""

@@ -1,0 +1,189 @@
+"""The call gate: every gRPC call of the listener (every service registered on it) passes here at call start,
+before any request message is read.
+
+- The key is checked on the call's metadata first (``authorization: Bearer <key>``); a call without it is
+  answered UNAUTHENTICATED at once, its message never read nor parsed. ServerLive, ServerReady and the
+  ``grpc.health.v1.Health`` service need no key (as HTTP's health routes); model load/unload need the admin
+  key where one is set (:func:`..pipeline.control.check_admin`).
+- A unary request's message must arrive within ``--body-timeout-s`` of the call's start, a stream's next
+  message within ``--grpc-idle-timeout-s`` of the previous one (DEADLINE_EXCEEDED after).
+- Messages are parsed here, not by gRPC: a large one (:data:`OFF_LOOP_BYTES`) in a thread, off the event loop;
+  one that does not parse is INVALID_ARGUMENT with one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from ..auth import bearer_matches
+from ..config import Settings
+from ..errors import APIError
+from ..pipeline.control import check_admin
+from .limits import GrpcLimits
+from .status import grpc_code
+
+log = logging.getLogger("irpe.server")
+SERVICE = "/inference.GRPCInferenceService/"
+KEYLESS = frozenset({SERVICE + "ServerLive", SERVICE + "ServerReady"})
+KEYLESS_SERVICES = ("/grpc.health.v1.Health/",  # the standard health service, as HTTP /healthz
+                    "/grpc.reflection.v1alpha.ServerReflection/")  # the protocol's schema (grpcurl)
+ADMIN = frozenset({SERVICE + "RepositoryModelLoad", SERVICE + "RepositoryModelUnload"})
+OFF_LOOP_BYTES = 1 << 20  # messages at least this large are parsed in a thread
+Observe = Callable[[str, grpc.StatusCode, float], None]
+
+
+class MessageError(Exception):
+    """A request message that did not arrive in time, or does not parse: the call ends with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def authorization(metadata: Any) -> str:
+    """The call's ``authorization`` metadata value ('' when absent)."""
+    return next((v for k, v in metadata or () if k == "authorization" and isinstance(v, str)), "")
+
+
+class CallGate(grpc.aio.ServerInterceptor):
+    """The gate (see the module docstring); ``observe(route, code, seconds)`` counts the calls it refuses."""
+
+    def __init__(self, settings: Settings, limits: GrpcLimits, observe: Observe):
+        self.settings, self.limits, self.observe = settings, limits, observe
+        self._bounded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
+                                                             Awaitable[grpc.RpcMethodHandler]],
+                                handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        """The handler of the call: a refusal when the key does not fit, else the bounded handler.
+
+        Args:
+            continuation: the next handler lookup.
+            handler_call_details: the call's method and metadata.
+
+        Returns:
+            The handler, or None for an unknown method (gRPC answers UNIMPLEMENTED).
+        """
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        try:
+            self.check(method, handler_call_details.invocation_metadata)
+        except APIError as e:
+            self.observe(method, grpc_code(e.status), 0.0)
+            return refusal(handler, grpc_code(e.status), e.message)
+        cached = self._bounded.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._bounded[method] = (handler, self.bounded(handler))
+        return cached[1]
+
+    def check(self, method: str, metadata: Any) -> None:
+        """Raise APIError (401/403) unless the call's metadata may call ``method``."""
+        if method in KEYLESS or method.startswith(KEYLESS_SERVICES):
+            return
+        if method in ADMIN:
+            check_admin(self.settings, authorization(metadata))
+            return
+        key = self.settings.api_key
+        if key and not bearer_matches(authorization(metadata), key):
+            raise APIError(401, "unauthorized", "missing or wrong API key; send the metadata "
+                           "'authorization: Bearer <key>'")
+
+    def bounded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` reading its messages itself: in time, parsed off the loop when large (module docstring)."""
+        parse = handler.request_deserializer
+        if handler.request_streaming:
+            behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
+
+            def requests_of(requests: AsyncIterator[bytes], context: Any) -> Awaitable[Any]:
+                return _ready(self.each(requests, parse))
+        else:
+            behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+
+            def requests_of(requests: AsyncIterator[bytes], context: Any) -> Awaitable[Any]:
+                return self.first(requests, context, parse)
+        if inspect.isasyncgenfunction(behavior):
+            async def answers(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+                try:
+                    async for answer in behavior(await requests_of(requests, context), context):
+                        yield answer
+                except MessageError as e:
+                    await _end(context, e)
+            return grpc.stream_stream_rpc_method_handler(answers, None, handler.response_serializer)
+
+        async def answer(requests: AsyncIterator[bytes], context: Any) -> Any:
+            try:
+                return await behavior(await requests_of(requests, context), context)
+            except MessageError as e:
+                await _end(context, e)
+        make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else \
+            grpc.stream_unary_rpc_method_handler
+        return make(answer, None, handler.response_serializer)
+
+    async def first(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                    parse: Callable[[bytes], Any] | None) -> Any:
+        """A unary call's request, parsed; the call ends DEADLINE_EXCEEDED or INVALID_ARGUMENT when it cannot."""
+        try:
+            return await self.next_message(requests, parse, self.limits.message_timeout_s, "--body-timeout-s")
+        except StopAsyncIteration:
+            await _end(context, MessageError(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message"))
+        except MessageError as e:
+            await _end(context, e)
+
+    async def each(self, requests: AsyncIterator[bytes], parse: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:
+        """A stream's requests, parsed, each in time; MessageError for one that is late or does not parse."""
+        while True:
+            try:
+                yield await self.next_message(requests, parse, self.limits.idle_timeout_s, "--grpc-idle-timeout-s")
+            except StopAsyncIteration:
+                return
+
+    @staticmethod
+    async def next_message(requests: AsyncIterator[bytes], parse: Callable[[bytes], Any] | None, timeout_s: float,
+                           flag: str) -> Any:
+        """The next message of ``requests`` within ``timeout_s`` (``flag`` sets it), parsed with ``parse``.
+
+        Raises:
+            StopAsyncIteration: the client sent no more.
+            MessageError: late (DEADLINE_EXCEEDED) or not parseable (INVALID_ARGUMENT).
+        """
+        try:
+            async with asyncio.timeout(timeout_s):
+                raw = await anext(requests)
+        except TimeoutError:
+            raise MessageError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request message not received within "
+                               f"{timeout_s:g}s ({flag})") from None
+        if parse is None:
+            return raw
+        try:
+            return await asyncio.to_thread(parse, raw) if len(raw) >= OFF_LOOP_BYTES else parse(raw)
+        except Exception as e:  # a deserializer's error: DecodeError for protobuf
+            log.info("refusing a gRPC request message of %d bytes that does not parse: %s", len(raw), e)
+            raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, f"the request message ({len(raw)} bytes) is not "
+                               f"a valid protobuf message of this RPC: {e}") from None
+
+
+async def _ready(value: Any) -> Any:
+    return value
+
+
+async def _end(context: grpc.aio.ServicerContext, error: MessageError) -> None:
+    await context.abort(error.code, error.message)
+
+
+def refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s RPC that ends the call with ``code`` at once, reading no message."""
+
+    async def refuse(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, message)
+
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, None, handler.response_serializer)
+    return grpc.stream_unary_rpc_method_handler(refuse, None, handler.response_serializer)
