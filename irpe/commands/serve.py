@@ -103,11 +103,15 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
                    "default off: a client could name other programs' shared memory of this user)")
     p.add_argument("--max-shm-regions", type=int, help="registered shared-memory regions at once (default 64)")
     p.add_argument("--max-shm-region-mb", type=float, help="bytes one registered region may span (default 1024)")
+    p.add_argument("--shm-name-prefix", help="/dev/shm names that any local client may register, whoever owns the "
+                   "file (default none: a client registers only segments its own uid owns); for clients that run "
+                   "under another uid than the program that creates the segments")
 
 
 LIMIT_KEYS = ("insecure", "max_images", "max_decode_pixels", "max_jpeg_scans", "max_header_kb", "header_timeout_s",
               "body_timeout_s", "max_connections", "grpc_max_streams", "grpc_idle_timeout_s", "grpc_max_age_s",
-              "allowed_hosts", "allow_client_shm", "max_shm_regions", "max_shm_region_mb")
+              "allowed_hosts", "allow_client_shm", "max_shm_regions", "max_shm_region_mb",
+              "shm_name_prefix")
 
 
 def run_serve(args: argparse.Namespace) -> int:

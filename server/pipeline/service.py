@@ -75,7 +75,8 @@ class Service:
     def __post_init__(self) -> None:
         self.allowed_hosts = self.settings.host_allowlist()
         s = self.settings
-        self.shm = SharedMemoryRegistry(s.allow_client_shm, s.max_shm_regions, int(s.max_shm_region_mb * 2**20))
+        self.shm = SharedMemoryRegistry(s.allow_client_shm, s.max_shm_regions, int(s.max_shm_region_mb * 2**20),
+                                        name_prefix=s.shm_name_prefix)
         self.host.subscribe(lambda leaving: self.refresh())
 
     @property

@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 import pytest
 
+from irpe.server.config import Settings
 from irpe.server.pipeline.peer import Endpoint, established, grpc_peer, loopback_uid
 from tests.reliability.procs import ServerProcess, serving
 from tests.server.helpers import expected_logits
@@ -92,10 +93,11 @@ def call(url: str, method: str, path: str, body: bytes | None = None,
 
 
 @contextlib.contextmanager
-def segment(size: int = 64 * 1024, uid: int = 0, mode: int = 0o600, fill: int = 7) -> Iterator[str]:
+def segment(size: int = 64 * 1024, uid: int = 0, mode: int = 0o600, fill: int = 7,
+            prefix: str = "i41h_") -> Iterator[str]:
     """A /dev/shm segment of ``size`` bytes owned by ``uid`` with ``mode`` (the first 4 KB set to ``fill``,
     the rest sparse), as another program leaves one; its key; removed on exit."""
-    key = f"/i41h_{uuid.uuid4().hex[:12]}"
+    key = f"/{prefix}{uuid.uuid4().hex[:12]}"
     path = Path("/dev/shm", key[1:])
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
     try:
@@ -381,3 +383,22 @@ def test_another_users_regions_are_invisible_and_stay_over_grpc(server: ServerPr
         assert seen["register_roots"] == "StatusCode.PERMISSION_DENIED", seen
         assert seen["unregister"] == seen["unregister_all"] == "OK"
         assert [r["name"] for r in client.get_system_shared_memory_status()] == ["io"]
+
+
+@needs_root
+def test_the_operators_name_prefix_lets_any_local_uid_register(tiny_artifact: Path) -> None:
+    with serving(tiny_artifact, "--allow-client-shm", "--frontends", "0", "--shm-name-prefix", "i41shared_") as other, \
+            segment(uid=0, prefix="i41shared_") as shared, segment(uid=0) as private:
+        status, body = as_user(NOBODY.pw_uid, _register, other.url, "shared", shared)
+        assert status == 200, body
+        status, body = as_user(NOBODY.pw_uid, _register, other.url, "private", private)
+        assert status == 403 and "--shm-name-prefix" in body["error"], body
+        assert call(other.url, "GET", "/v2/systemsharedmemory/status") == [200, []]  # still nobody's own region
+        assert as_user(NOBODY.pw_uid, call, other.url, "GET", "/v2/systemsharedmemory/status")[1][0]["key"] == shared
+
+
+@pytest.mark.parametrize("prefix", ["/abc", "ab", ".hidden", "a" * 65, "tea m", "é_team"])
+def test_a_bad_name_prefix_is_refused_at_startup(prefix: str) -> None:
+    with pytest.raises(ValueError, match="shm_name_prefix"):
+        Settings(allow_client_shm=True, shm_name_prefix=prefix).validate()
+    Settings(allow_client_shm=True, shm_name_prefix="team_a.").validate()
