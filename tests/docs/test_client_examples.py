@@ -1,4 +1,4 @@
-"""The client examples of docs/api/http.md and docs/api/kserve-v2.md run as written against a real server.
+"""The client examples of docs/api/http.md, kserve-v2.md and grpc-health.md run as written against a real server.
 
 A fenced ``python`` or ``bash`` block right after a ``<!-- test:client -->`` line is an example. It runs in one
 temporary directory per page (so a block may use a file an earlier block of its page wrote) against ``irpe serve
@@ -23,7 +23,7 @@ import pytest
 from tests.reliability.procs import ServerProcess, start_server
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = ("docs/api/http.md", "docs/api/kserve-v2.md")
+PAGES = ("docs/api/http.md", "docs/api/kserve-v2.md", "docs/api/grpc-health.md")
 MARKER = "<!-- test:client -->"
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _FLOAT = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?")
