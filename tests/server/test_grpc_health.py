@@ -29,12 +29,14 @@ HEALTH = "grpc.health.v1.Health"
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 GRACE_S = 30  # --timeout-s: how long a stop would wait for an open Watch that did not end by itself
+MAX_CONNECTIONS = 4  # --max-connections: at most 2 open Watch streams
 
 
 @pytest.fixture(scope="module")
 def server(tiny_artifact: Path) -> Iterator[ServerProcess]:
     proc = start_server(tiny_artifact, "--grpc-port", "0", "--model-control", "explicit",
-                        "--timeout-s", str(GRACE_S), env=server_env(IRPE_API_KEY=KEY))
+                        "--timeout-s", str(GRACE_S), "--max-connections", str(MAX_CONNECTIONS),
+                        env=server_env(IRPE_API_KEY=KEY))
     try:
         yield proc
     finally:
@@ -138,6 +140,33 @@ def test_watch_of_an_unknown_service_answers_service_unknown(channel: grpc.Chann
     finally:
         watch.call.cancel()
         watch.thread.join(10)
+
+
+def first_watch_answer(channel: grpc.Channel) -> int | grpc.StatusCode:
+    """The first status a new Watch sends, or the code it ends with instead (the call is then cancelled)."""
+    call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+    try:
+        return next(call).status
+    except grpc.RpcError as e:
+        return e.code()
+    finally:
+        call.cancel()
+
+
+def test_open_watch_streams_are_capped_at_half_of_max_connections(channel: grpc.Channel) -> None:
+    watches = [Watcher(channel) for _ in range(MAX_CONNECTIONS // 2)]
+    try:
+        assert [w.next() for w in watches] == [SERVING] * len(watches)
+        assert first_watch_answer(channel) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert check(channel) == SERVING  # Check is not a stream: still answered
+    finally:
+        for w in watches:
+            w.call.cancel()
+            w.thread.join(10)
+    deadline = time.monotonic() + 10  # the server counts a cancelled Watch as closed once its handler ends
+    while (answer := first_watch_answer(channel)) != SERVING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert answer == SERVING
 
 
 def test_reflection_lists_the_services_and_resolves_model_infer(channel: grpc.Channel) -> None:
