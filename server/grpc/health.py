@@ -100,6 +100,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         """Send ``name``'s status now and on every change until the server stops."""
         last: Status | None = None
         while True:
+            changed = self._changed  # taken before the read: a change during the write below still wakes us
             status = self.status(name)
             status = SERVICE_UNKNOWN if status is None else status
             if status != last:
@@ -107,7 +108,6 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
                 last = status
             if self.stopping:
                 return
-            changed = self._changed
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(changed.wait(), self.poll_s)
 
@@ -121,7 +121,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         self._wake()
 
     def _on_host_change(self, leaving: Any) -> None:
-        if not self._loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is watching
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
