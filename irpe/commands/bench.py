@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks that print ratios measured side by side")
-    bsub = p.add_subparsers(dest="bench", required=True)
+    bsub = p.add_subparsers(dest="bench", required=True, title="benchmarks", metavar="BENCH")
     add_export_bench(bsub)
     add_serve_bench(bsub)
     add_latency_bench(bsub)
