@@ -1,232 +1,284 @@
-"""``python -m irpe.plugins.gpu_check`` (what scripts/gpu-check.sh runs) on a GPU host, and skipping on CPU.
+"""``python -m irpe.plugins.gpu_check OUTDIR [--quick]``: what scripts/gpu-check.sh runs on a GPU host.
 
-Steps, each printing ``PASS``/``FAIL``/``SKIP <reason>`` with its time and figures:
+Each step prints ``PASS``/``FAIL``/``SKIP`` with its time and figures as it finishes, and the results so far
+are rewritten to ``OUTDIR/gpu-check.json`` and appended to ``OUTDIR/gpu-check.txt`` after every step, so a run
+cut short still leaves them. A step whose dependency is missing (no CUDA device, no CuPy, no TensorRT, even no
+NumPy) is ``SKIP`` with the reason. ``--device cpu`` rehearses steps 2 and 4 on the CPU (Triton's interpreter).
+Steps (the GPU ones live in :mod:`irpe.plugins.gpu_steps`):
 
 1. nvidia-smi: GPU name, compute capability, driver, memory.
 2. The Triton kernels on the GPU against NumPy, fp32 and fp16, at the shape corners of tests/plugins (us/call).
 3. The ahead-of-time PTX loaded and launched with CuPy with exactly the grid, block, dynamic shared memory and
-   argument list the TensorRT plugin declares (inputs, B*H, Lq, Lk, K, output), against NumPy.
-4. The PyTorch model on CUDA against ONNX Runtime CPU, fp32 and fp16, and img/s at batch 1 / 8 / 64.
-5. Where TensorRT imports: engine build from the exported ONNX and parity with ONNX Runtime.
+   argument list the TensorRT plugin declares, against NumPy.
+4. The PyTorch model on CUDA against ONNX Runtime CPU on the exported graph, fp32 and fp16, and img/s.
+5. ONNX Runtime's CUDA execution provider on the same graph (onnxruntime-gpu only).
+6. Where TensorRT imports: engine build from the exported ONNX and parity with ONNX Runtime.
 
+This module needs only the standard library: it runs (and says why every step skips) on any Python.
 Exit status 1 if a step failed (a skipped step is not a failure).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-import numpy as np
+JSON_NAME = "gpu-check.json"
+TEXT_NAME = "gpu-check.txt"
+# import name -> what the report lists; the distributions are found by import name
+PACKAGES = ("numpy", "torch", "triton", "cupy", "onnxruntime", "onnx", "tensorrt")
 
-from .ops import BUCKET_SUM_OP, RPE_INDEX_OP, bucket_sum_ref, rpe_index_ref
 
-# (B, H, L, K): tests/plugins/test_kernels.py's corners (L = skip + grid^2) plus DeiT-S at 224 px
-CORNERS = [(1, 1, 49, 9), (64, 1, 51, 82), (1, 2, 578, 82), (64, 1, 197, 9), (2, 3, 576, 9), (8, 6, 197, 82)]
-MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
-TOLERANCE = {"float32": 1e-4, "float16": 2e-2}
+class Status(Enum):
+    """How one step ended."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
 
 
 class Skip(Exception):
     """A step that cannot run on this host; the message is the reason."""
 
 
-def cuda_torch() -> Any:
-    """torch with a usable CUDA device, or :class:`Skip` saying what is missing."""
-    try:
-        import torch
-    except ImportError:
-        raise Skip("torch is not installed (pip install 'irpe-deploy[export]')") from None
-    if not torch.cuda.is_available():
-        raise Skip("no CUDA GPU visible to torch")
-    return torch
+@dataclass(frozen=True)
+class Profile:
+    """How much each step does: shape corners, timing repetitions, model and batch sizes, time budget."""
+
+    name: str
+    corners: tuple[tuple[int, int, int, int], ...]  # (B, H, L, K), L = skip + grid^2
+    reps: int
+    model: str
+    img_size: int
+    batches: tuple[int, ...]
+    budget_s: float
 
 
-def time_us(fn: Callable[[], object], sync: Callable[[], object], reps: int = 50) -> float:
-    """Mean microseconds per call after one warm-up call."""
-    fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / reps * 1e6
+# tests/plugins/test_kernels.py's corners plus DeiT-S at 224 px (8, 6, 197, 82)
+ALL_CORNERS = ((1, 1, 49, 9), (64, 1, 51, 82), (1, 2, 578, 82), (64, 1, 197, 9), (2, 3, 576, 9), (8, 6, 197, 82))
+PROFILES = {
+    "full": Profile("full", ALL_CORNERS, reps=50, model="deit_small_patch16_224_ctx_product_50_shared_qkv",
+                    img_size=224, batches=(1, 8, 64), budget_s=300.0),
+    "quick": Profile("quick", (ALL_CORNERS[0], ALL_CORNERS[-1]), reps=10,
+                     model="deit_tiny_patch16_224_ctx_product_50_shared_k", img_size=224, batches=(1, 8),
+                     budget_s=150.0),
+    # --device cpu: the steps' own code with Triton's interpreter and PyTorch on the CPU, to rehearse a setup
+    "cpu": Profile("cpu", (ALL_CORNERS[0],), reps=1, model="deit_micro_patch4_32_ctx_product_shared_k",
+                   img_size=32, batches=(1,), budget_s=150.0),
+}
 
 
-def problem(b: int, h: int, lq: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lut [B,H,L,K], attn [B,H,L,L], index int32 [L,L]) with both ends of the bucket range present."""
-    rng = np.random.default_rng(seed)
-    index = rng.integers(0, k, (lq, lq)).astype(np.int32)
-    index[0, 0], index[-1, -1] = 0, k - 1
-    return (rng.standard_normal((b, h, lq, k)).astype(np.float32), rng.random((b, h, lq, lq)).astype(np.float32),
-            index)
+@dataclass(frozen=True)
+class Finding:
+    """What a passing step found: one line for people, figures for the JSON."""
+
+    detail: str
+    figures: dict[str, Any] = field(default_factory=dict)
 
 
-def step_nvidia_smi() -> str:
+@dataclass(frozen=True)
+class StepContext:
+    """What every step gets: a scratch folder (shared between steps), the profile and the torch device."""
+
+    workdir: Path
+    profile: Profile
+    device: str = "cuda"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One finished step, as printed and as written to the JSON."""
+
+    name: str
+    status: Status
+    seconds: float
+    detail: str
+    figures: dict[str, Any]
+
+    def line(self) -> str:
+        """``STATUS name (t s): detail``, the form printed and written to the text file."""
+        return f"{self.status.value} {self.name} ({self.seconds:.1f} s): {self.detail}"
+
+
+def step_nvidia_smi(context: StepContext) -> Finding:
+    """GPU name, compute capability, driver and memory from nvidia-smi.
+
+    Raises:
+        Skip: nvidia-smi is not on PATH.
+        RuntimeError: nvidia-smi failed.
+    """
     if shutil.which("nvidia-smi") is None:
         raise Skip("nvidia-smi not found (no NVIDIA driver on this host)")
     res = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
     if res.returncode != 0:
         raise RuntimeError(f"nvidia-smi failed: {res.stderr.strip()}")
-    return res.stdout.strip()
+    gpus = [line.strip() for line in res.stdout.strip().splitlines()]
+    return Finding("; ".join(gpus), {"gpus": gpus})
 
 
-def _check_kernels(torch: Any, kernels: Any, dtype: Any, corner: tuple[int, ...]) -> tuple[float, float]:
-    b, h, lq, k = corner
-    lut, attn, index = problem(b, h, lq, k)
-    t_lut, t_attn = (torch.from_numpy(a).cuda().to(dtype) for a in (lut, attn))
-    t_idx, tol = torch.from_numpy(index).cuda(), TOLERANCE[str(dtype).split(".")[-1]]
-    got = kernels.rpe_index(t_lut, t_idx).float().cpu().numpy()
-    np.testing.assert_allclose(got, rpe_index_ref(t_lut.float().cpu().numpy(), index), rtol=tol, atol=tol)
-    got = kernels.bucket_sum(t_attn, t_idx, k).float().cpu().numpy()
-    want = bucket_sum_ref(t_attn.float().cpu().numpy().astype(np.float64), index, k)
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    sync = torch.cuda.synchronize
-    return (time_us(lambda: kernels.rpe_index(t_lut, t_idx), sync),
-            time_us(lambda: kernels.bucket_sum(t_attn, t_idx, k), sync))
+def _gpu_step(name: str) -> Callable[[StepContext], Finding]:
+    """A step of :mod:`irpe.plugins.gpu_steps`, imported when it runs (it needs NumPy)."""
+
+    def run(context: StepContext) -> Finding:
+        try:
+            steps = importlib.import_module("irpe.plugins.gpu_steps")
+        except ModuleNotFoundError as e:
+            if e.name and not e.name.startswith("irpe"):
+                raise Skip(f"{e.name} is not installed (the GPU steps need NumPy)") from None
+            raise
+        return getattr(steps, name)(context)
+
+    return run
 
 
-def step_triton_kernels() -> str:
-    torch = cuda_torch()
-    try:
-        from . import kernels
-    except ImportError:
-        raise Skip("triton is not installed (pip install 'irpe-deploy[plugins]')") from None
-    lines = []
-    for dtype in (torch.float32, torch.float16):
-        for corner in CORNERS:
-            idx_us, sum_us = _check_kernels(torch, kernels, dtype, corner)
-        lines.append(f"{str(dtype).split('.')[-1]} all {len(CORNERS)} corners ok; at B,H,L,K={corner}: "
-                     f"RPEIndex {idx_us:.1f} us/call, RPEBucketSum {sum_us:.1f} us/call")
-    return "; ".join(lines)
+def steps() -> list[tuple[str, Callable[[StepContext], Finding]]]:
+    """The steps in the order they run: (name, function)."""
+    return [("nvidia-smi", step_nvidia_smi),
+            ("Triton kernels vs NumPy", _gpu_step("step_triton_kernels")),
+            ("AOT PTX launched with CuPy", _gpu_step("step_ptx_with_cupy")),
+            ("PyTorch CUDA vs ONNX Runtime CPU", _gpu_step("step_torch_vs_onnxruntime")),
+            ("ONNX Runtime CUDA provider", _gpu_step("step_onnxruntime_cuda")),
+            ("TensorRT engine + parity", _gpu_step("step_tensorrt"))]
 
 
-def _launch_ptx(cupy: Any, ck: Any, x: np.ndarray, index: np.ndarray, out_shape: tuple[int, ...],
-                dtype: Any) -> np.ndarray:
-    """Launch as TensorRT's AOT path does: args = inputs, (B*H, Lq, Lk, K) as int32, outputs."""
-    module = cupy.cuda.function.Module()
-    module.load(ck.ptx.encode())
-    fn = module.get_function(ck.kernel_name)
-    b, h, lq, lk = x.shape[0], x.shape[1], index.shape[0], index.shape[1]
-    k = out_shape[-1] if ck.block_k else x.shape[-1]
-    y = cupy.full(out_shape, cupy.nan, dtype)
-    args = (cupy.asarray(x.astype(dtype)), cupy.asarray(index), *np.int32([b * h, lq, lk, k]), y)
-    fn(ck.grid(b * h, lq), (ck.block_x, 1, 1), args, shared_mem=ck.shared_mem)
-    cupy.cuda.Device().synchronize()
-    return cupy.asnumpy(y).astype(np.float64)
+def package_versions() -> dict[str, str]:
+    """Installed version of each of :data:`PACKAGES` (by import name), or ``"not installed"``; imports none."""
+    dists = importlib.metadata.packages_distributions()
+    found = {}
+    for name in PACKAGES:
+        if importlib.util.find_spec(name) is None:
+            found[name] = "not installed"
+            continue
+        versions = [f"{dist} {importlib.metadata.version(dist)}" for dist in sorted(set(dists.get(name, [])))]
+        found[name] = ", ".join(versions) or "installed (no distribution metadata)"
+    return found
 
 
-def step_ptx_with_cupy() -> str:
-    torch = cuda_torch()
-    try:
-        import cupy
-    except ImportError:
-        raise Skip("cupy is not installed (pip install cupy-cuda12x)") from None
-    from .ptx import compile_ptx
+class Report:
+    """The results so far, printed and kept in ``OUTDIR`` (JSON rewritten, text appended, after every step)."""
 
-    major, minor = torch.cuda.get_device_capability()
-    arch, done = major * 10 + minor, 0
-    for dtype, name in ((np.float32, "fp32"), (np.float16, "fp16")):
-        for b, h, lq, k in CORNERS:
-            lut, attn, index = problem(b, h, lq, k, seed=1)
-            ck = compile_ptx(RPE_INDEX_OP, name, arch)
-            got = _launch_ptx(cupy, ck, lut, index, (b, h, lq, lq), dtype)
-            np.testing.assert_allclose(got, rpe_index_ref(lut.astype(dtype), index), rtol=0, atol=0)
-            ck = compile_ptx(BUCKET_SUM_OP, name, arch, num_buckets=k)
-            got = _launch_ptx(cupy, ck, attn, index, (b, h, lq, k), dtype)
-            tol = TOLERANCE["float32" if name == "fp32" else "float16"]
-            np.testing.assert_allclose(got, bucket_sum_ref(attn.astype(dtype).astype(np.float64), index, k),
-                                       rtol=tol, atol=tol)
-            done += 2
-    return f"{done} launches on sm_{arch} (PTX ISA of {ck.ptx.split('.version ')[1].split()[0]}) match NumPy"
+    def __init__(self, outdir: Path, profile: Profile, out: TextIO) -> None:
+        self.outdir, self.out = outdir, out
+        outdir.mkdir(parents=True, exist_ok=True)
+        self.header = {"tool": "irpe gpu-check", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "host": platform.node(), "python": f"{sys.version.split()[0]} ({sys.executable})",
+                       "profile": asdict(profile), "packages": package_versions()}
+        self.results: list[StepResult] = []
+        (outdir / TEXT_NAME).write_text("", encoding="utf-8")
+        self._emit(f"irpe gpu-check {self.header['started']} on {self.header['host']}, profile {profile.name} "
+                   f"(budget {profile.budget_s:.0f} s), Python {self.header['python']}")
+        self._emit("packages: " + "; ".join(f"{k}: {v}" for k, v in self.header["packages"].items()))
+        self._write_json(running=None, exit_status=None)
 
+    def _emit(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+        with open(self.outdir / TEXT_NAME, "a", encoding="utf-8") as text:
+            text.write(line + "\n")
 
-def _export_onnx(model: Any, workdir: Path) -> Path:
-    import onnx
+    def _write_json(self, *, running: str | None, exit_status: int | None) -> None:
+        steps = [{**asdict(r), "status": r.status.value} for r in self.results]
+        doc = {**self.header, "running": running, "steps": steps, "finished": exit_status is not None,
+               "exit_status": exit_status}
+        partial = self.outdir / (JSON_NAME + ".partial")
+        partial.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        os.replace(partial, self.outdir / JSON_NAME)
 
-    from irpe.export.onnx import build_onnx
+    def starting(self, name: str) -> None:
+        """Record which step is running (so a run cut short shows where)."""
+        self._write_json(running=name, exit_status=None)
 
-    path = workdir / "model.onnx"
-    onnx.save(build_onnx(model), str(path))
-    return path
+    def record(self, result: StepResult) -> None:
+        """Print one finished step and write it to both files."""
+        self.results.append(result)
+        self._emit(result.line())
+        self._write_json(running=None, exit_status=None)
 
-
-def _images_per_second(torch: Any, model: Any, batch: int, dtype: Any) -> float:
-    x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=dtype)
-    return batch / time_us(lambda: model(x), torch.cuda.synchronize, reps=10) * 1e6
-
-
-def step_torch_vs_onnxruntime(workdir: Path) -> str:
-    torch = cuda_torch()
-    from irpe.export.parity import ort_session
-    from irpe.models import create_model
-
-    model = create_model(MODEL, img_size=224).eval()
-    path = _export_onnx(model, workdir)
-    x = np.random.default_rng(0).standard_normal((8, 3, 224, 224), dtype=np.float32)
-    want = ort_session(path).run(None, {"images": x})[0]
-    lines = []
-    for dtype in (torch.float32, torch.float16):
-        m = model.to("cuda", dtype)
-        with torch.inference_mode():
-            diff = float(np.abs(m(torch.from_numpy(x).to("cuda", dtype)).float().cpu().numpy() - want).max())
-            rates = [f"b{n} {_images_per_second(torch, m, n, dtype):.0f} img/s" for n in (1, 8, 64)]
-        name = str(dtype).split(".")[-1]
-        lines.append(f"{name} max|diff| {diff:.1e} (tol {TOLERANCE[name]:g}), " + ", ".join(rates))
-        if diff > TOLERANCE[name] * 10:
-            raise AssertionError("; ".join(lines))
-    return f"{MODEL}: " + "; ".join(lines)
+    def finish(self) -> int:
+        """Write the closing line; 1 if a step failed, else 0."""
+        counts = {status: sum(r.status is status for r in self.results) for status in Status}
+        exit_status = 1 if counts[Status.FAIL] else 0
+        self._emit(", ".join(f"{n} {s.value}" for s, n in counts.items()) + f"; exit status {exit_status}")
+        self._write_json(running=None, exit_status=exit_status)
+        return exit_status
 
 
-def step_tensorrt(workdir: Path) -> str:
-    cuda_torch()
-    from irpe.export.tensorrt import TensorRTUnavailable, compare_engine_with_onnxruntime, engine_from_onnx
-
-    onnx_path = workdir / "model.onnx"
-    if not onnx_path.is_file():
-        raise Skip("no ONNX model from the previous step")
+def run_step(name: str, function: Callable[[StepContext], Finding], context: StepContext) -> StepResult:
+    """Run one step: PASS with its finding, SKIP with the reason, or FAIL with the error (never raises)."""
     start = time.perf_counter()
     try:
-        plan = engine_from_onnx(onnx_path, workdir / "model.plan", max_batch=8, img_size=224, use_plugin=False)
-    except TensorRTUnavailable as e:
-        raise Skip(str(e)) from None
-    built = time.perf_counter() - start
-    report = compare_engine_with_onnxruntime(plan, onnx_path, img_size=224, batch_sizes=(1, 8))
-    if not report["ok"]:
-        raise AssertionError(f"engine vs ONNX Runtime: {report}")
-    return f"engine built in {built:.0f} s; max|diff| vs ONNX Runtime {report['max_abs_diff']:.1e}"
+        finding = function(context)
+        status, detail, figures = Status.PASS, finding.detail, finding.figures
+    except Skip as e:
+        status, detail, figures = Status.SKIP, str(e), {}
+    except Exception as e:  # noqa: BLE001 - report it and go on with the next step
+        status, detail, figures = Status.FAIL, f"{type(e).__name__}: {str(e)[:600]}", {}
+    return StepResult(name, status, round(time.perf_counter() - start, 2), detail, figures)
 
 
-def steps(workdir: Path) -> list[tuple[str, Callable[[], str]]]:
-    return [("nvidia-smi", step_nvidia_smi), ("Triton kernels vs NumPy", step_triton_kernels),
-            ("AOT PTX launched with CuPy", step_ptx_with_cupy),
-            ("PyTorch CUDA vs ONNX Runtime CPU", lambda: step_torch_vs_onnxruntime(workdir)),
-            ("TensorRT engine + parity", lambda: step_tensorrt(workdir))]
+def run_all(outdir: Path, profile: Profile, out: TextIO = sys.stdout, device: str = "cuda") -> int:
+    """Run every step within the profile's time budget, reporting each as it ends.
 
+    Args:
+        outdir: where gpu-check.json and gpu-check.txt go (created if missing).
+        profile: how much each step does (:data:`PROFILES`).
+        out: where the lines are printed.
+        device: the torch device the GPU steps use.
 
-def run_all(out: Any = sys.stdout) -> int:
-    """Run every step, one line each; 1 if any failed."""
-    failed = 0
+    Returns:
+        1 if any step failed, else 0.
+    """
+    report = Report(outdir, profile, out)
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="irpe-gpu-check-") as tmp:
-        for name, fn in steps(Path(tmp)):
-            start = time.perf_counter()
-            try:
-                status, detail = "PASS", fn()
-            except Skip as e:
-                status, detail = "SKIP", str(e)
-            except Exception as e:  # noqa: BLE001 - report it and go on with the next step
-                status, detail = "FAIL", f"{type(e).__name__}: {str(e)[:600]}"
-                failed += 1
-            print(f"{status} {name} ({time.perf_counter() - start:.1f} s): {detail}", file=out, flush=True)
-    return 1 if failed else 0
+        context = StepContext(Path(tmp), profile, device)
+        for name, function in steps():
+            spent = time.perf_counter() - start
+            if spent > profile.budget_s:
+                report.record(StepResult(name, Status.SKIP, 0.0, f"time budget spent ({spent:.0f} s of "
+                                         f"{profile.budget_s:.0f} s; raise it with --budget)", {}))
+                continue
+            report.starting(name)
+            report.record(run_step(name, function, context))
+    return report.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``OUTDIR [--quick] [--budget SECONDS] [--device cuda|cpu]``."""
+    parser = argparse.ArgumentParser(prog="gpu-check.sh", description="irpe GPU check: every step prints "
+                                     "PASS / FAIL / SKIP with figures; exit status 1 if a step failed")
+    parser.add_argument("outdir", type=Path, help=f"folder for {JSON_NAME} and {TEXT_NAME} (created if missing)")
+    parser.add_argument("--quick", action="store_true", help="fewer shapes, the tiny model, batches 1 and 8")
+    parser.add_argument("--budget", type=float, help="seconds after which the remaining steps skip "
+                        "(default: 300 full, 150 --quick)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: rehearse the Triton and "
+                        "PyTorch steps on the CPU (Triton's interpreter, the smallest shapes and model)")
+    args = parser.parse_args(argv)
+    profile = PROFILES["cpu" if args.device == "cpu" else "quick" if args.quick else "full"]
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # read when triton is first imported, which no step has done yet
+    if args.budget is not None:
+        profile = replace(profile, budget_s=args.budget)
+    return run_all(args.outdir, profile, device=args.device)
 
 
 if __name__ == "__main__":
-    sys.exit(run_all())
+    # Run through the package's module so Skip and Finding are the classes irpe.plugins.gpu_steps imports.
+    from irpe.plugins.gpu_check import main as package_main
+
+    sys.exit(package_main())
