@@ -26,6 +26,7 @@ from pathlib import Path
 REGENERATE = ".venv/bin/python -m irpe.docs_reference"
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 GENERATED = f"Generated from the code by `{REGENERATE}`; do not edit by hand."
+PAGES = ("cli.md", "configuration.md")  # under docs/
 _VARIABLE = re.compile(r"\bIRPE_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
 
 
@@ -287,7 +288,7 @@ def render_configuration() -> str:
 
 def pages() -> dict[str, str]:
     """``{file name under docs/: its generated text}``."""
-    return {"cli.md": render_cli(), "configuration.md": render_configuration()}
+    return dict(zip(PAGES, (render_cli(), render_configuration()), strict=True))
 
 
 def stale_pages(docs: Path = DOCS) -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 from irpe.cli import build_parser
 from irpe.docs_reference import (
     DOCS,
+    PAGES,
     REGENERATE,
     commands,
     documented_variables,
@@ -39,7 +40,7 @@ def package_files() -> list[Path]:
     return sorted(path for folder in tops for path in folder.rglob("*.py"))
 
 
-@pytest.mark.parametrize("name", sorted(pages()))
+@pytest.mark.parametrize("name", PAGES)
 def test_generated_page_is_up_to_date(name):
     path = DOCS / name
     assert path.is_file(), f"docs/{name} is missing: {FIX}"
