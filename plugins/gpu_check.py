@@ -226,6 +226,10 @@ def run_step(name: str, function: Callable[[StepContext], Finding], context: Ste
         status, detail, figures = Status.PASS, finding.detail, finding.figures
     except Skip as e:
         status, detail, figures = Status.SKIP, str(e), {}
+    except ModuleNotFoundError as e:  # a dependency is missing: SKIP; a module of ours: a broken checkout
+        missing = e.name is not None and e.name.split(".")[0] != "irpe"
+        status = Status.SKIP if missing else Status.FAIL
+        detail, figures = (f"needs {e.name}, which is not installed" if missing else f"{type(e).__name__}: {e}"), {}
     except Exception as e:  # noqa: BLE001 - report it and go on with the next step
         status, detail, figures = Status.FAIL, f"{type(e).__name__}: {str(e)[:600]}", {}
     return StepResult(name, status, round(time.perf_counter() - start, 2), detail, figures)

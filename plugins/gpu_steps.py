@@ -275,6 +275,8 @@ def _engine_parity(onnx_path: Path, plan_path: Path, context: StepContext, *, us
 def step_tensorrt(context: StepContext) -> Finding:
     """TensorRT engines from the exported graphs (standard, and iRPE AOT plugins) against ONNX Runtime."""
     require_cuda(context, "TensorRT")
+    torch = require_torch(context)
+    require("onnx", "pip install 'irpe-deploy[export]'")
     from irpe.export.tensorrt import TensorRTUnavailable, import_tensorrt
 
     try:
@@ -284,8 +286,7 @@ def step_tensorrt(context: StepContext) -> Finding:
     onnx_path = context.workdir / "model.onnx"
     if not onnx_path.is_file():
         raise Skip("no model.onnx: the PyTorch CUDA vs ONNX Runtime CPU step did not export one")
-    plugin_path = _export_onnx(_model(require_torch(context), context), context.workdir / "model.plugin.onnx",
-                               rpe_plugin=True)
+    plugin_path = _export_onnx(_model(torch, context), context.workdir / "model.plugin.onnx", rpe_plugin=True)
     figures: dict[str, Any] = {"tensorrt": trt.__version__}
     figures["standard"] = _engine_parity(onnx_path, context.workdir / "model.plan", context, use_plugin=False)
     figures["rpe_plugin"] = _engine_parity(plugin_path, context.workdir / "model.plugin.plan", context,

@@ -37,6 +37,20 @@ def test_a_failing_step_is_reported_and_fails_the_run(monkeypatch, tmp_path):
     assert doc["exit_status"] == 1 and out.getvalue().splitlines()[-1] == "1 PASS, 1 FAIL, 0 SKIP; exit status 1"
 
 
+def test_a_missing_dependency_skips_and_a_missing_module_of_ours_fails(tmp_path):
+    def importing(name):
+        def step(context):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        return step
+
+    context = gpu_check.StepContext(tmp_path, TINY, "cpu")
+    skipped = gpu_check.run_step("s", importing("widgetlib.core"), context)
+    assert skipped.status is gpu_check.Status.SKIP and skipped.detail == "needs widgetlib.core, which is not installed"
+    failed = gpu_check.run_step("f", importing("irpe.nowhere"), context)
+    assert failed.status is gpu_check.Status.FAIL and "No module named 'irpe.nowhere'" in failed.detail
+
+
 def test_the_files_hold_every_finished_step_and_name_the_running_one(monkeypatch, tmp_path):
     seen = {}
 

@@ -118,13 +118,15 @@ def test_the_gpu_steps_code_runs_on_the_cpu_with_only_the_machine_packages(machi
     assert steps[2]["detail"] == "launching PTX needs a CUDA GPU (this run uses cpu)"
 
 
-def test_without_numpy_every_step_skips_and_names_it(tmp_path):
-    bare = machine_python(tmp_path / "bare", ())
+@pytest.mark.parametrize(("packages", "reason"), [((), "numpy is not installed"),
+                                                   (("numpy",), "is not installed (pip install")])
+def test_with_fewer_packages_every_step_skips_and_names_what_is_missing(tmp_path, packages, reason):
+    python = machine_python(tmp_path / "python", packages)
     outdir = tmp_path / "out"
-    res, lines = run_script(bare, outdir)
+    res, lines = run_script(python, outdir)
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(lines) == len(gpu_check.steps()) and all(line.startswith("SKIP") for line in lines), res.stdout
-    assert all("numpy is not installed" in line for line in lines[1:])
+    assert all(reason in line for line in lines[1:]), res.stdout
     assert assert_files_agree(outdir, lines)["profile"]["name"] == "full"
 
 
