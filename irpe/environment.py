@@ -30,7 +30,8 @@ VARIABLES: tuple[EnvironmentVariable, ...] = (
         "downloaded to and looked up", "irpe export --pretrained, irpe classify --pretrained"),
     EnvironmentVariable(
         "IRPE_MODEL_MIRROR", "the authors' GitHub release", "base URL to fetch released weights from instead "
-        "(a mirror holding the same file names); the files are checked against their pinned SHA-256",
+        "(a mirror holding the same file names); each file is checked against its pinned or first-recorded "
+        "SHA-256",
         "irpe export --pretrained, irpe classify --pretrained"),
     EnvironmentVariable(
         "IRPE_OFFLINE", "unset", "1, true, yes or on: never download; a published variant must already be in "
