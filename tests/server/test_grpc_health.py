@@ -194,3 +194,28 @@ def test_watch_ends_with_not_serving_when_the_server_stops(server: ServerProcess
     assert watch.code == grpc.StatusCode.OK  # the server ended the stream, well before the grace ran out
     assert time.monotonic() - start < GRACE_S / 2
     assert server.proc.wait(GRACE_S / 2) in (0, -15)
+
+
+def test_every_front_end_follows_an_unload_and_load(tiny_artifact: Path) -> None:
+    """``--frontends 2``: each front end answers health from its own view of the engine's models; a fresh
+    channel per Check lets the kernel spread the calls over both."""
+    proc = start_server(tiny_artifact, "--grpc-port", "0", "--frontends", "2", "--model-control", "explicit",
+                        env=server_env(IRPE_API_KEY=KEY))
+    try:
+        address = grpc_address(proc)
+
+        def statuses() -> set[int]:
+            seen = set()
+            for _ in range(6):
+                with grpc.insecure_channel(address) as fresh:
+                    seen.add(check(fresh))
+            return seen
+
+        assert statuses() == {SERVING}
+        control(proc, "unload")  # answered once every front end routes accordingly
+        assert statuses() == {NOT_SERVING}
+        control(proc, "load")
+        assert statuses() == {SERVING}
+    finally:
+        assert proc.stop() in (0, -15), proc.output()[-3000:]
+        proc.log.unlink(missing_ok=True)
