@@ -23,7 +23,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"registered variant (default {DEFAULT_MODEL})")
     add_model_overrides(p)
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default 300, or the digits recipe's)")
-    p.add_argument("--batch-size", type=int, default=None, help="images per step in each process (default 64)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="images per step in each process (default 64, or the digits recipe's)")
     p.add_argument("--lr", type=float, default=None, help="base learning rate for a total batch of 1024, scaled "
                    "linearly (default 1e-3, or the digits recipe's)")
     p.add_argument("--warmup-epochs", type=int, default=None,
