@@ -170,6 +170,11 @@ def package_versions() -> dict[str, str]:
     return found
 
 
+def _plain(value: Any) -> Any:
+    """A figure json cannot write as it is: a NumPy scalar or array as Python numbers, anything else as text."""
+    return value.tolist() if hasattr(value, "tolist") else str(value)
+
+
 class Report:
     """The results so far, printed and kept in ``OUTDIR`` (JSON rewritten, text appended, after every step)."""
 
@@ -196,7 +201,7 @@ class Report:
         doc = {**self.header, "running": running, "steps": steps, "finished": exit_status is not None,
                "exit_status": exit_status}
         partial = self.outdir / (JSON_NAME + ".partial")
-        partial.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        partial.write_text(json.dumps(doc, indent=2, default=_plain) + "\n", encoding="utf-8")
         os.replace(partial, self.outdir / JSON_NAME)
 
     def starting(self, name: str) -> None:

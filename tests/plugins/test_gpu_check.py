@@ -22,18 +22,22 @@ def read_json(outdir):
 
 
 def test_a_failing_step_is_reported_and_fails_the_run(monkeypatch, tmp_path):
+    def fine(context):  # figures json cannot write as they are: NumPy numbers, a path
+        return gpu_check.Finding("fine", {"x": 1, "diff": np.float32(0.5), "rates": np.array([1.5, 2.0]),
+                                          "path": tmp_path})
+
     def boom(context):
         raise ValueError("mismatch 0.5")
 
-    monkeypatch.setattr(gpu_check, "steps", lambda: [("ok", lambda context: gpu_check.Finding("fine", {"x": 1})),
-                                                     ("bad", boom)])
+    monkeypatch.setattr(gpu_check, "steps", lambda: [("ok", fine), ("bad", boom)])
     out = io.StringIO()
     assert gpu_check.run_all(tmp_path, TINY, out) == 1
     ok, bad = (line for line in out.getvalue().splitlines() if line[:4] in ("PASS", "FAIL"))
     assert ok.startswith("PASS ok (") and ok.endswith("fine")
     assert bad.startswith("FAIL bad (") and "ValueError: mismatch 0.5" in bad
     doc = read_json(tmp_path)
-    assert [s["status"] for s in doc["steps"]] == ["PASS", "FAIL"] and doc["steps"][0]["figures"] == {"x": 1}
+    assert [s["status"] for s in doc["steps"]] == ["PASS", "FAIL"] and doc["steps"][0]["figures"] == {
+        "x": 1, "diff": 0.5, "rates": [1.5, 2.0], "path": str(tmp_path)}
     assert doc["exit_status"] == 1 and out.getvalue().splitlines()[-1] == "1 PASS, 1 FAIL, 0 SKIP; exit status 1"
 
 
