@@ -21,6 +21,7 @@ Exit status 1 if a step failed (a skipped step is not a failure).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -28,11 +29,13 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -42,6 +45,7 @@ JSON_NAME = "gpu-check.json"
 TEXT_NAME = "gpu-check.txt"
 # import name -> what the report lists; the distributions are found by import name
 PACKAGES = ("numpy", "torch", "triton", "cupy", "onnxruntime", "onnx", "tensorrt")
+OVERRUN_S = 60.0  # a step still running this long after the budget ended is stopped (FAIL)
 
 
 class Status(Enum):
@@ -223,6 +227,33 @@ class Report:
         return exit_status
 
 
+class Overrun(Exception):
+    """A step still running :data:`OVERRUN_S` seconds after the time budget ended."""
+
+
+@contextlib.contextmanager
+def overrun_alarm(seconds: float) -> Iterator[None]:
+    """Raise :class:`Overrun` in the step if it is still running after ``seconds`` (SIGALRM, main thread only;
+    a call blocked inside C code is interrupted when it returns to Python)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def overrun(signum: int, frame: Any) -> None:
+        raise Overrun(f"still running {OVERRUN_S:.0f} s after the time budget ended; stopped (raise --budget)")
+
+    previous = signal.signal(signal.SIGALRM, overrun)
+    start = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:  # an alarm set by the caller (a test runner's timeout) keeps its time left
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.01))
+
+
 def run_step(name: str, function: Callable[[StepContext], Finding], context: StepContext) -> StepResult:
     """Run one step: PASS with its finding, SKIP with the reason, or FAIL with the error (never raises)."""
     start = time.perf_counter()
@@ -263,7 +294,8 @@ def run_all(outdir: Path, profile: Profile, out: TextIO = sys.stdout, device: st
                                          f"{profile.budget_s:.0f} s; raise it with --budget)", {}))
                 continue
             report.starting(name)
-            report.record(run_step(name, function, context))
+            with overrun_alarm(profile.budget_s - spent + OVERRUN_S):
+                report.record(run_step(name, function, context))
     return report.finish()
 
 

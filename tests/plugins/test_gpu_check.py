@@ -83,6 +83,16 @@ def test_steps_after_the_budget_is_spent_skip_with_the_reason(monkeypatch, tmp_p
     assert re.search(r"SKIP b \(0.0 s\): time budget spent \(0 s of 0 s; raise it with --budget\)", out.getvalue())
 
 
+def test_a_step_still_running_after_the_budget_is_stopped_and_fails(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "OVERRUN_S", 0.3)
+    monkeypatch.setattr(gpu_check, "steps", lambda: [("hangs", lambda context: time.sleep(30))])
+    start = time.perf_counter()
+    assert gpu_check.run_all(tmp_path, replace(TINY, budget_s=0.2), io.StringIO()) == 1
+    assert time.perf_counter() - start < 10
+    (step,) = read_json(tmp_path)["steps"]
+    assert step["status"] == "FAIL" and step["detail"].startswith("Overrun: still running 0 s after the time budget")
+
+
 def test_a_model_mismatch_fails_with_the_bound(tmp_path):
     torch = pytest.importorskip("torch")
     context = gpu_check.StepContext(tmp_path, TINY, "cpu")
