@@ -103,7 +103,7 @@ def step_triton_kernels(context: StepContext) -> Finding:
         figures[name] = {"x".join(map(str, corner)): _check_kernels(torch, kernels, context, dtype, corner)
                          for corner in context.profile.corners}
         last = figures[name]["x".join(map(str, context.profile.corners[-1]))]
-        lines.append(f"{name} all {len(context.profile.corners)} corners ok; at B,H,L,K="
+        lines.append(f"{name} ok at {len(context.profile.corners)} shape corners; at B,H,L,K="
                      f"{context.profile.corners[-1]}: RPEIndex {last['rpe_index_us']:.1f} us/call, "
                      f"RPEBucketSum {last['bucket_sum_us']:.1f} us/call")
     return Finding("; ".join(lines), figures)
