@@ -8,6 +8,7 @@ distributions in this test run's own site-packages, so it takes a second to make
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import re
 import subprocess
@@ -136,3 +137,23 @@ def test_outdir_is_required_and_the_usage_says_so(machine, tmp_path):
     assert res.returncode == 2 and "the following arguments are required: outdir" in res.stderr
     assert not list(tmp_path.iterdir())  # the temporary package links were made here, and are gone
 
+
+
+def load_checkout_package():
+    spec = importlib.util.spec_from_file_location("checkout_package", ROOT / "scripts" / "checkout_package.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_links_follow_pyproject_with_and_without_tomllib(monkeypatch, tmp_path):
+    checkout_package = load_checkout_package()
+    mapping = checkout_package.package_dirs(ROOT / "pyproject.toml")
+    assert mapping["irpe.plugins"] == "plugins" and mapping["irpe"] == "irpe"
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # Python 3.10 has none: the one-line pattern reads it
+    assert checkout_package.package_dirs(ROOT / "pyproject.toml") == mapping
+    checkout_package.build(tmp_path)
+    for name, folder in mapping.items():
+        assert (tmp_path.joinpath(*name.split(".")) / "__init__.py").resolve() == ROOT / folder / "__init__.py"
+    with pytest.raises(FileExistsError, match="give checkout_package.py a new, empty folder"):
+        checkout_package.build(tmp_path)
