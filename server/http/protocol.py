@@ -67,6 +67,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._timer: asyncio.TimerHandle | None = None
         self._chunks: list[bytes] | None = None  # the body being collected whole, or None: uvicorn's path
+        self._peer: dict[str, Any] | None = None  # this connection's addresses (and its client's uid, once known)
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()
@@ -120,9 +121,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        # the socket's own addresses, for client shared memory (http/shm_access.py): uvicorn's proxy-headers
-        # middleware may rewrite "client" from an X-Forwarded-For header the client sent
-        self.scope["irpe.socket"] = (self.client, self.server)  # type: ignore[typeddict-unknown-key]
+        # the connection's own addresses, for client shared memory (http/shm_access.py, which keeps the peer's uid
+        # here for the connection's life): uvicorn's proxy-headers middleware may rewrite "client" from a header
+        if self._peer is None:
+            self._peer = {"socket": (self.client, self.server)}
+        self.scope["irpe.peer"] = self._peer  # type: ignore[typeddict-unknown-key]
         if self._timer is None:
             self._arm(self.limits.header_timeout_s, "head")
 

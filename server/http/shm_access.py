@@ -25,7 +25,7 @@ from ..pipeline.service import Service
 from ..pipeline.sysshm import OwnedRegions
 from .control import check_same_site
 
-SOCKET_KEY = "irpe.socket"  # the scope's (client, server) addresses of the TCP connection, from the protocol
+PEER_KEY = "irpe.peer"  # the scope's {"socket": (client, server), "uid": ...} of the connection, from the protocol
 INFER_TYPES = ("application/json", "application/octet-stream")  # JSON, or the binary tensor extension
 
 
@@ -52,14 +52,14 @@ async def client_regions(request: Request, service: Service, what: str,
 
 
 async def peer_uid(request: Request, what: str) -> int:
-    """The uid of the local user whose socket sent ``request`` (403 when there is none); the lookup reads the
-    kernel's socket tables, in a thread."""
-    sock = request.scope.get(SOCKET_KEY)
-    uid = None
-    if sock and sock[0] and sock[1]:
-        (client_host, client_port), (server_host, server_port) = sock
-        uid = await asyncio.to_thread(loopback_uid, Endpoint(client_host, client_port),
-                                      Endpoint(server_host, server_port))
+    """The uid of the local user whose socket sent ``request`` (403 when there is none). The lookup reads the
+    kernel's socket tables in a thread (~5 ms), once per connection: a socket's owner never changes."""
+    peer = request.scope.get(PEER_KEY) or {"socket": (None, None), "uid": None}
+    if "uid" not in peer:
+        client, server = peer["socket"]
+        peer["uid"] = await asyncio.to_thread(loopback_uid, Endpoint(*client), Endpoint(*server)) \
+            if client and server else None
+    uid: int | None = peer["uid"]
     if uid is None:
         raise APIError(403, "forbidden", f"{what} refused: client shared memory is for local clients, and this "
                        "connection is not a loopback TCP connection of one local user (connect to 127.0.0.1 or "

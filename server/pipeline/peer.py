@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 ESTABLISHED = "01"  # the st column of /proc/net/tcp
@@ -58,22 +59,26 @@ class TcpSocket:
     uid: int
 
 
-def established(text: str) -> list[TcpSocket]:
-    """The ESTABLISHED sockets listed in the text of /proc/net/tcp or /proc/net/tcp6."""
+def established(text: str, port: int | None = None) -> list[TcpSocket]:
+    """The ESTABLISHED sockets listed in the text of /proc/net/tcp or /proc/net/tcp6 (``port``: only those with
+    that port at one end; the other lines are skipped before they are parsed)."""
     out = []
+    tag = f":{port:04X} " if port is not None else ""
     for line in text.splitlines()[1:]:
+        if tag not in line:
+            continue
         fields = line.split()
         if len(fields) >= 8 and fields[3] == ESTABLISHED:
             out.append(TcpSocket(_hex_address(fields[1]), _hex_address(fields[2]), int(fields[7])))
     return out
 
 
-def _read_tables(tables: Sequence[str]) -> list[TcpSocket]:
+def _read_tables(tables: Sequence[str], port: int) -> list[TcpSocket]:
     sockets: list[TcpSocket] = []
     for path in tables:
         try:
             with open(path, encoding="ascii") as f:
-                sockets += established(f.read())
+                sockets += established(f.read(), port)
         except OSError:
             continue
     return sockets
@@ -95,7 +100,7 @@ def loopback_uid(client: Endpoint, server: Endpoint | None = None, tables: Seque
     if client_addr is None or not client_addr.is_loopback or not 0 < client.port < 65536:
         return None
     me = (client_addr, client.port)
-    sockets = _read_tables(tables)
+    sockets = _read_tables(tables, client.port)  # the client's port is at one end of every socket that matters
     if server is None:
         servers = {sock.local for sock in sockets if sock.remote == me}
     else:
@@ -106,9 +111,10 @@ def loopback_uid(client: Endpoint, server: Endpoint | None = None, tables: Seque
 
 
 def grpc_peer(peer: str) -> Endpoint | None:
-    """The client's endpoint from gRPC's ``context.peer()`` (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``);
-    None for any other kind of peer (a Unix socket, an unparsable string)."""
+    """The client's endpoint from gRPC's ``context.peer()`` (``ipv4:127.0.0.1:5000``, ``ipv6:%5B::1%5D:5000``:
+    a URI, percent-encoded); None for any other kind of peer (a Unix socket, an unparsable string)."""
     kind, _, rest = peer.partition(":")
+    rest = unquote(rest)
     host, sep, port = rest.rpartition(":")
     if kind not in ("ipv4", "ipv6") or not sep or not port.isdigit():
         return None
