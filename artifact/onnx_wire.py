@@ -13,6 +13,7 @@ OperatorSetIdProto).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from .protowire import Malformed, fields, varint
 
 _GRAPH, _OPSET = 7, 8  # ModelProto
 _NODE, _INIT, _OUTPUT = 1, 5, 12  # GraphProto
+_INT, _TENSOR, _INTS = 2, 4, 7  # AttributeProto.AttributeType
 _DTYPES = {1: np.float32, 6: np.int32, 7: np.int64}  # TensorProto.DataType -> NumPy (the ones read here)
 _TYPE_CODE = {np.dtype(v): k for k, v in _DTYPES.items()}
 
@@ -38,6 +40,7 @@ class Node:
     ints: dict[str, Any] = field(default_factory=dict)  # INT and INTS attributes
     tensors: dict[str, Any] = field(default_factory=dict)  # TENSOR attributes, as (start, end) byte spans
     raw: bytes | None = None
+    ambiguous: bool = False  # an attribute given twice, or a tensor attribute protobuf would merge: not matched
 
 
 @dataclass
@@ -72,7 +75,7 @@ def read(buf: bytes) -> Model:
         elif number == _INIT:
             inits[_tensor_name(buf, a, b)] = (a, b)
         elif number == _OUTPUT:
-            outputs += [_text(buf, x, y) for n, w, x, y, _ in fields(buf, a, b) if n == 1 and w == 2]
+            outputs.append(_last_text(buf, a, b, 1))
     return Model(buf, nodes, inits, outputs)
 
 
@@ -98,44 +101,52 @@ def write(model: Model, nodes: list[Node], add: dict[str, np.ndarray], drop: set
     for number, wire, _a, b, at in fields(buf, 0, len(buf)):
         out.append(_field(_GRAPH, b"".join(graph)) if number == _GRAPH and wire == 2
                    else bytes(buf[at:b if wire == 2 else _end_of(buf, at, len(buf))]))
-    out += [_field(_OPSET, _field(1, d.encode()) + _key(2, 0) + _varint(v)) for d, v in opsets.items()]
+    out += [_field(_OPSET, _field(1, _utf8(d)) + _key(2, 0) + _varint(v)) for d, v in opsets.items()]
     return b"".join(out)
 
 
 def tensor(buf: bytes, start: int, end: int) -> np.ndarray | None:
-    """The TensorProto at ``buf[start:end]`` as an array (float32, int32, int64), or None (another type,
-    external data)."""
+    """The TensorProto at ``buf[start:end]`` as an array (float32, int32, int64), read as protobuf and
+    ONNX Runtime read it (raw_data before the typed field of its type, int32_data truncated to 32 bits), or
+    None (another type, external data, a negative dim, data that does not fill the dims)."""
     dims: list[int] = []
-    dtype, raw, typed = 0, None, []
+    dtype, raw = 0, None
+    typed: dict[int, list[int]] = {5: [], 7: []}  # int32_data, int64_data
+    floats: list[bytes] = []  # float_data, packed
     for number, wire, a, b, _ in fields(buf, start, end):
         if number == 1:
-            dims += [a] if wire == 0 else _varints(buf, a, b)
+            dims += [_signed(a)] if wire == 0 else [_signed(v) for v in _varints(buf, a, b)]
         elif number == 2 and wire == 0:
             dtype = a
         elif number == 9 and wire == 2:
             raw = bytes(buf[a:b])
-        elif number in (5, 7) and wire == 0:
-            typed.append(a)
-        elif number in (5, 7) and wire == 2:
-            typed += _varints(buf, a, b)
+        elif number in typed:
+            typed[number] += [a] if wire == 0 else _varints(buf, a, b)
         elif number == 4 and wire == 2:
-            raw = bytes(buf[a:b])  # packed float_data: little-endian float32, as raw_data
+            floats.append(bytes(buf[a:b]))
         elif number == 14 and wire == 0 and a == 1:
             return None  # external data
-    if dtype not in _DTYPES:
+    if dtype not in _DTYPES or any(d < 0 for d in dims):
         return None
+    kind = np.dtype(_DTYPES[dtype])
+    if raw is None and dtype == 1:
+        raw = b"".join(floats)
     if raw is not None:
-        arr = np.frombuffer(raw, dtype=np.dtype(_DTYPES[dtype]).newbyteorder("<")).astype(_DTYPES[dtype])
+        if len(raw) % kind.itemsize:
+            return None
+        arr = np.frombuffer(raw, dtype=kind.newbyteorder("<")).astype(kind)
+    elif dtype == 6:  # int32_data: each value's low 32 bits, as protobuf reads an int32
+        arr = np.array([(v & 0xFFFFFFFF) - ((v & 0x80000000) << 1) for v in typed[5]], dtype=np.int32)
     else:
-        arr = np.array([_signed(v) for v in typed], dtype=_DTYPES[dtype])
-    return arr.reshape(dims) if arr.size == int(np.prod(dims, dtype=np.int64)) else None
+        arr = np.array([_signed(v) for v in typed[7]], dtype=np.int64)
+    return arr.reshape(dims) if arr.size == math.prod(dims) else None
 
 
 def encode_tensor(name: str, arr: np.ndarray) -> bytes:
     """A TensorProto (raw_data, little-endian) of ``arr`` (float32, int32 or int64)."""
     arr = np.ascontiguousarray(arr)
     dims = b"".join(_key(1, 0) + _varint(d) for d in arr.shape)
-    return dims + _key(2, 0) + _varint(_TYPE_CODE[arr.dtype]) + _field(8, name.encode()) + \
+    return dims + _key(2, 0) + _varint(_TYPE_CODE[arr.dtype]) + _field(8, _utf8(name)) + \
         _field(9, arr.astype(arr.dtype.newbyteorder("<")).tobytes())
 
 
@@ -160,7 +171,9 @@ def _node(buf: bytes, start: int, end: int) -> Node:
 
 
 def _attribute(buf: bytes, start: int, end: int, node: Node) -> None:
-    name, ints, one, tensor_span = "", [], None, None
+    """Record the INT, INTS or TENSOR attribute at ``buf[start:end]`` on ``node``: the value its type field
+    names (the first one set where it has no type)."""
+    name, ints, one, spans, kind = "", [], None, [], 0
     for number, wire, a, b, _ in fields(buf, start, end):
         if number == 1 and wire == 2:
             name = _text(buf, a, b)
@@ -169,34 +182,50 @@ def _attribute(buf: bytes, start: int, end: int, node: Node) -> None:
         elif number == 8:
             ints += [_signed(a)] if wire == 0 else [_signed(v) for v in _varints(buf, a, b)]
         elif number == 5 and wire == 2:
-            tensor_span = (a, b)
-    if tensor_span is not None:
-        node.tensors[name] = tensor_span
-    elif one is not None:
+            spans.append((a, b))
+        elif number == 20 and wire == 0:
+            kind = a
+    if name in node.ints or name in node.tensors or len(spans) > 1:
+        node.ambiguous = True
+    elif spans and kind in (0, _TENSOR):
+        node.tensors[name] = spans[0]
+    elif one is not None and kind in (0, _INT):
         node.ints[name] = one
-    elif ints:
+    elif ints and kind in (0, _INTS):
         node.ints[name] = ints
 
 
 def _encode_node(node: Node) -> bytes:
-    parts = [_field(1, i.encode()) for i in node.inputs] + [_field(2, o.encode()) for o in node.outputs]
-    parts += [_field(3, node.name.encode()), _field(4, node.op_type.encode())]
+    parts = [_field(1, _utf8(i)) for i in node.inputs] + [_field(2, _utf8(o)) for o in node.outputs]
+    parts += [_field(3, _utf8(node.name)), _field(4, _utf8(node.op_type))]
     for name, value in node.ints.items():  # INT attributes (type 2)
-        parts.append(_field(5, _field(1, name.encode()) + _key(3, 0) + _varint(value) + _key(20, 0) + _varint(2)))
+        parts.append(_field(5, _field(1, _utf8(name)) + _key(3, 0) + _varint(value) + _key(20, 0) + _varint(2)))
     if node.domain:
-        parts.append(_field(7, node.domain.encode()))
+        parts.append(_field(7, _utf8(node.domain)))
     return b"".join(parts)
 
 
 def _tensor_name(buf: bytes, start: int, end: int) -> str:
-    for number, wire, a, b, _ in fields(buf, start, end):
-        if number == 8 and wire == 2:
-            return _text(buf, a, b)
-    return ""
+    return _last_text(buf, start, end, 8)
+
+
+def _last_text(buf: bytes, start: int, end: int, number: int) -> str:
+    """The string field ``number`` of the message at ``buf[start:end]``: its last occurrence, as protobuf
+    reads a field given twice ("" if none)."""
+    text = ""
+    for n, wire, a, b, _ in fields(buf, start, end):
+        if n == number and wire == 2:
+            text = _text(buf, a, b)
+    return text
 
 
 def _text(buf: bytes, a: int, b: int) -> str:
-    return bytes(buf[a:b]).decode("utf-8", "replace")
+    return bytes(buf[a:b]).decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 kept as they are
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` as the bytes :func:`_text` read it from."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _varints(buf: bytes, a: int, b: int) -> list[int]:
@@ -208,6 +237,8 @@ def _varints(buf: bytes, a: int, b: int) -> list[int]:
 
 
 def _signed(value: int) -> int:
+    """An int64 field's value: the varint's low 64 bits, two's complement."""
+    value &= (1 << 64) - 1
     return value - (1 << 64) if value >= 1 << 63 else value
 
 

@@ -119,7 +119,8 @@ class Graph:
 
     def made_by(self, name: str, op: str) -> Node | None:
         node = self.producer.get(name)
-        return node if node is not None and node.op_type == op and node.domain in ("", "ai.onnx") else None
+        return node if node is not None and node.op_type == op and node.domain in ("", "ai.onnx") \
+            and not node.ambiguous else None
 
     def const(self, name: str) -> np.ndarray | None:
         if name in self.added:
@@ -198,7 +199,7 @@ def _row_gathers(graph: Graph, name: str) -> list[tuple[str, np.ndarray, str]] |
 def _summand(graph: Graph, name: str) -> Through | Leaf:
     """What ``name`` is in a sum of row gathers: an Add or Reshape (walk on), a row gather, or neither."""
     node = graph.producer.get(name)
-    if node is None or node.domain not in ("", "ai.onnx"):
+    if node is None or node.domain not in ("", "ai.onnx") or node.ambiguous:
         return Leaf(None)
     if node.op_type == "Add" and len(node.inputs) == 2:
         return Through(tuple(node.inputs))

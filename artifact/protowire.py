@@ -7,20 +7,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+MAX_FIELD = 2**29 - 1  # the largest field number protobuf reads
+
 
 class Malformed(Exception):
     """Not well-formed protobuf."""
 
 
 def varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    """(the base-128 varint at ``buf[pos]``, the position after it)."""
+    """(the base-128 varint at ``buf[pos]``, the position after it): at most 10 bytes, its low 64 bits kept,
+    as protobuf reads it."""
     value = shift = 0
     while pos < end and shift < 64:
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
-            return value, pos
+            return value & 0xFFFFFFFFFFFFFFFF, pos
         shift += 7
     raise Malformed
 
@@ -34,7 +37,7 @@ def fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int,
         at = pos
         key, pos = varint(buf, pos, end)
         number, wire = key >> 3, key & 7
-        if number == 0:
+        if not 0 < number <= MAX_FIELD:
             raise Malformed
         if wire == 0:
             value, pos = varint(buf, pos, end)
@@ -56,23 +59,29 @@ def fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int,
 
 
 def _skip_group(buf: Any, pos: int, end: int, number: int) -> int:
-    """Position after the END_GROUP that closes group ``number`` (deprecated wire types 3/4)."""
-    depth = 1
+    """Position after the END_GROUP that closes group ``number`` (deprecated wire types 3/4); the groups
+    inside it must close in order and every field fit, as protobuf reads them."""
+    groups = [number]
     while pos < end:
         key, pos = varint(buf, pos, end)
-        wire = key & 7
+        field, wire = key >> 3, key & 7
+        if not 0 < field <= MAX_FIELD:
+            raise Malformed
         if wire == 0:
             pos = varint(buf, pos, end)[1]
         elif wire == 2:
             length, pos = varint(buf, pos, end)
+            if length > end - pos:
+                raise Malformed
             pos += length
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
         elif wire == 3:
-            depth += 1
+            groups.append(field)
         elif wire == 4:
-            depth -= 1
-            if depth == 0:
+            if groups.pop() != field:
+                raise Malformed
+            if not groups:
                 return pos
         else:
             raise Malformed
