@@ -372,6 +372,37 @@ def _grpc_stranger(address: str, roots: str) -> dict[str, Any]:
     return out
 
 
+def _grpc_stream(address: str, region: str, size: int) -> list[str]:
+    """One ModelStreamInfer request reading ``images`` [1,3,32,32] from ``region`` (of ``size`` bytes); the
+    stream's answers: "ok" or the error message."""
+    import queue
+
+    c = tgrpc.InferenceServerClient(address)
+    answers: queue.Queue[Any] = queue.Queue()
+    c.start_stream(callback=lambda result, error: answers.put(error))
+    inp = tgrpc.InferInput("images", [1, 3, 32, 32], "FP32")
+    inp.set_shared_memory(region, size)
+    c.async_stream_infer(MODEL, [inp])
+    error = answers.get(timeout=30)
+    c.stop_stream()
+    c.close()
+    return ["ok" if error is None else str(error)]
+
+
+def _grpc_huge(address: str) -> str:
+    """ModelInfer naming the 43,690 images of region "huge": its status and message."""
+    c = tgrpc.InferenceServerClient(address)
+    inp = tgrpc.InferInput("images", [43690, 3, 32, 32], "FP32")
+    inp.set_shared_memory("huge", 43690 * 12288)
+    try:
+        c.infer(MODEL, [inp])
+        return "OK"
+    except tgrpc.InferenceServerException as e:
+        return f"{e.status()} {e.message()}"
+    finally:
+        c.close()
+
+
 @needs_root
 def test_another_users_regions_are_invisible_and_stay_over_grpc(server: ServerProcess,
                                                                 client: triton.InferenceServerClient) -> None:
@@ -383,6 +414,19 @@ def test_another_users_regions_are_invisible_and_stay_over_grpc(server: ServerPr
         assert seen["register_roots"] == "StatusCode.PERMISSION_DENIED", seen
         assert seen["unregister"] == seen["unregister_all"] == "OK"
         assert [r["name"] for r in client.get_system_shared_memory_status()] == ["io"]
+        assert as_user(None, _grpc_stream, grpc_address(server), "io", 12288) == ["ok"]  # the owner streams
+        stranger = as_user(NOBODY.pw_uid, _grpc_stream, grpc_address(server), "io", 12288)
+        assert "Unable to find system shared memory region: 'io'" in stranger[0], stranger
+
+
+def test_a_batch_over_the_limit_is_refused_before_the_region_is_read_over_grpc(
+        server: ServerProcess, client: triton.InferenceServerClient) -> None:
+    with segment(HUGE, os.getuid()) as key:
+        client.register_system_shared_memory("huge", key, HUGE)
+        peak = vm_kb(server.pid, "VmHWM")
+        got = as_user(None, _grpc_huge, grpc_address(server))  # a child: grpc stays out of the test process
+        assert got.startswith("StatusCode.INVALID_ARGUMENT") and "batch-size must be <= 32" in got, got
+        assert (vm_kb(server.pid, "VmHWM") - peak) / 1024 < 64
 
 
 @needs_root
