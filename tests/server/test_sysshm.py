@@ -152,3 +152,45 @@ def test_settings_keep_regions_in_one_process() -> None:
         Settings(allow_client_shm=True, frontends=2).validate()
     assert Settings(allow_client_shm=True, device="cuda").resolved_frontends() == 1
     assert Settings.from_env({"IRPE_ALLOW_CLIENT_SHM": "1"}).allow_client_shm is True
+
+
+def test_regions_are_their_owners(key: str) -> None:
+    """Each uid registers only files it owns (or under the operator's prefix) and sees and removes only its own
+    regions; --max-shm-regions counts per uid."""
+    other = ME + 1
+    reg = SharedMemoryRegistry(True, max_regions=1)
+    reg.register("r", key, 0, 64, owner=ME)
+    with pytest.raises(APIError) as e:
+        reg.register("r", key, 0, 64, owner=other)  # not its file
+    assert _status(e) == 403 and f"owned by uid {ME}, not by uid {other}" in e.value.message
+    assert reg.status(owner=other) == []
+    for call in (lambda: reg.status("r", owner=other), lambda: reg.read("r", 0, 4, owner=other),
+                 lambda: reg.write("r", 0, b"x", owner=other), lambda: reg.check("r", 0, 4, owner=other)):
+        with pytest.raises(APIError) as e:
+            call()
+        assert _status(e) == 404
+    reg.unregister("r", owner=other)
+    reg.unregister(owner=other)
+    assert [r["name"] for r in reg.status(owner=ME)] == ["r"]
+    shared = SharedMemoryRegistry(True, max_regions=1, name_prefix=key[1:6])
+    shared.register("r", key, 0, 64, owner=ME)
+    shared.register("r", key, 64, 64, owner=other)  # its own name space, its own count
+    assert shared.status("r", owner=other) == [{"name": "r", "key": key, "offset": 64, "byte_size": 64}]
+    shared.unregister(owner=other)
+    assert [r["offset"] for r in shared.status(owner=ME)] == [0]
+    reg.close()
+    shared.close()
+
+
+def test_a_region_unregistered_during_a_read_is_never_another_file(key: str, tmp_path: Path) -> None:
+    """Reads use a duplicate of the descriptor, so closing the region's own one cannot redirect them."""
+    reg = SharedMemoryRegistry(True)
+    reg.register("r", key, 0, 4096, owner=ME)
+    fd, pos, _ = reg._hold(ME, "r", 0, 8)
+    reg.unregister("r", owner=ME)
+    reused = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)  # may take the number the region had
+    try:
+        assert os.pread(fd, 8, pos) == np.arange(2, dtype=np.float32).tobytes()
+    finally:
+        os.close(fd)
+        os.close(reused)
