@@ -71,3 +71,16 @@ def test_a_bad_model_fails_once_and_the_models_after_it_still_load(tmp_path: Pat
         assert len(said) == 1 and "not loaded" in said[0], said
     assert "Traceback" not in log and "polling the model repository failed" not in log, log[-3000:]
     assert all(rows[name]["state"] == "READY" for name in ("good", "bad_add_chain", "bad_reshape_chain")), rows
+
+
+@pytest.mark.timeout(120)
+def test_a_graph_whose_rewrite_once_hung_serves_as_the_startup_model(tmp_path: Path) -> None:
+    """48 chained Add(x, x) under the lookup pattern as the one model ``irpe serve`` starts with: ready at
+    once, answering, and stopped by SIGTERM."""
+    artifact = handmade_artifact(tmp_path / "add_chain", "add_chain", *HOSTILE["add_chain"]())
+    start = time.monotonic()
+    with serving(artifact, "--backend", "onnxruntime", timeout=60) as server:
+        ready_s = time.monotonic() - start
+        assert _classify(server.url).status_code == 200
+    # stopped by SIGTERM (uvicorn re-raises it after its graceful stop), not killed after the stop's timeout
+    assert server.proc.returncode in (0, -15) and ready_s < 60, (server.proc.returncode, ready_s)
