@@ -1,9 +1,9 @@
-"""A real ``irpe serve --model-control poll`` on 127.0.0.1 with hostile graphs in the repository
-(tests/artifact/hostile_graphs.py): a model ONNX Runtime refuses (a Gather with one input) and one whose load
-raises an error no check foresaw (a scalar output: an IndexError in the engine's shape check) each fail once,
-with one log line and the reason in the index, and are not tried again every poll; the graphs whose rewrite
-once hung or raised (48 chained Add(x, x), 1,500 chained Reshapes) serve as exported; a good model sorted after
-them loads."""
+"""A real ``irpe serve --model-control poll`` on 127.0.0.1 with hostile models in the repository
+(tests/artifact/hostile_graphs.py): a model whose config.json is not JSON, one ONNX Runtime refuses (a Gather
+with one input) and one whose load raises an error no check foresaw (a scalar output: an IndexError in the
+engine's shape check) each fail once, with one log line and the reason in the index, and are not tried again
+every poll; the graphs whose rewrite once hung or raised (48 chained Add(x, x), 1,500 chained Reshapes) serve as
+exported; a good model sorted after them loads."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from tests.server.test_repository import _classify, _top, constant_artifact
 POLL_S = 0.1
 MODELS = {"bad_one_input_gather": "one_input_gather", "bad_add_chain": "add_chain",
           "bad_reshape_chain": "reshape_chain"}  # sorted before "good"
-REFUSED = {"bad_one_input_gather": "ONNX Runtime cannot load it", "bad_scalar_output": "raised IndexError"}
+REFUSED = {"bad_config": "config.json", "bad_one_input_gather": "ONNX Runtime cannot load it",
+           "bad_scalar_output": "raised IndexError"}
 
 
 def _scalar_output_artifact(directory: Path) -> Path:
@@ -53,10 +54,12 @@ def test_a_bad_model_fails_once_and_the_models_after_it_still_load(tmp_path: Pat
     for name, graph in MODELS.items():
         handmade_artifact(staging / name / "1", name, *HOSTILE[graph]())
     _scalar_output_artifact(staging / "bad_scalar_output" / "1")
+    constant_artifact(staging / "bad_config" / "1", 2, "bad_config")
+    (staging / "bad_config" / "config.json").write_text("{ not json")
     constant_artifact(staging / "good" / "1", 7, "good")
     with serving(repo, "--model-control", "poll", "--poll-interval-s", str(POLL_S), "--default-model", "alpha",
                  "--backend", "onnxruntime") as server:
-        for name in [*MODELS, "bad_scalar_output", "good"]:  # each appears whole; the bad ones first
+        for name in ["bad_config", *MODELS, "bad_scalar_output", "good"]:  # each appears whole; the bad ones first
             (staging / name).rename(repo / name)
         _wait(lambda: _classify(server.url, "?model=good").status_code == 200, timeout=120)
         assert _top(_classify(server.url, "?model=good").json()) == 7
