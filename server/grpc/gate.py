@@ -165,9 +165,9 @@ class CallGate(grpc.aio.ServerInterceptor):
         try:
             return await asyncio.to_thread(parse, raw) if len(raw) >= OFF_LOOP_BYTES else parse(raw)
         except Exception as e:  # a deserializer's error: DecodeError for protobuf
-            log.info("refusing a gRPC request message of %d bytes that does not parse: %s", len(raw), e)
-            raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, f"the request message ({len(raw)} bytes) is not "
-                               f"a valid protobuf message of this RPC: {e}") from None
+            log.info("refusing a gRPC request message of %d bytes: %s", len(raw), e)
+            raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, f"request message of {len(raw)} bytes refused: "
+                               f"{e or 'not a protobuf message of this RPC'}") from None
 
 
 async def _ready(value: Any) -> Any:

@@ -6,9 +6,11 @@ before protobuf parses it. Its ``raw_input_contents`` (field 7, the tensor bytes
 become views of the received buffer, and protobuf parses only the rest (names, shapes, parameters). Parsing
 the whole message copied the tensor once into the message and once more when read out of it.
 Anything the scan (:mod:`irpe.artifact.protowire`, the wire format read without a schema) does not
-understand is handed to protobuf whole, so a malformed message fails as before; so is a message of more than
-:data:`FIELD_BUDGET` top-level fields (a real request has a dozen: the scan walks fields in Python, protobuf's
-parser in C). RPCs the servicer does not implement answer UNIMPLEMENTED, with no traceback.
+understand is handed to protobuf whole, so a malformed message fails as before. A message of more than
+:data:`FIELD_BUDGET` top-level fields is refused unparsed (:class:`TooManyFields`): a real request has one per
+input, output, parameter and tensor, and protobuf's parser holds the GIL while it walks millions of tiny fields
+(0.5 s for 16 MB), whichever thread it runs in. ModelStreamInfer's requests are split the same way. RPCs the
+servicer does not implement answer UNIMPLEMENTED, with no traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
@@ -25,7 +28,12 @@ from irpe.artifact.protowire import Malformed, fields
 
 SERVICE = "inference.GRPCInferenceService"
 RAW_INPUT_CONTENTS = 7  # ModelInferRequest.raw_input_contents: repeated bytes
-FIELD_BUDGET = 256  # top-level fields the scan walks before handing the message to protobuf whole
+FIELD_BUDGET = 256  # top-level fields a request may have (see the module docstring)
+STREAMED = ("ModelInfer", "ModelStreamInfer")  # RPCs whose requests are split
+
+
+class TooManyFields(DecodeError):
+    """A request of more top-level fields than :data:`FIELD_BUDGET`."""
 
 
 @dataclass
@@ -39,6 +47,9 @@ class InferCall:
 def parse_infer(data: bytes) -> InferCall:
     """Split a serialized ModelInferRequest (see the module docstring)."""
     spans = _raw_spans(data)
+    if spans is None:
+        raise TooManyFields(f"more than {FIELD_BUDGET} top-level fields; a ModelInferRequest has one per input, "
+                            "output, parameter and raw tensor")
     if not spans:  # nothing to split off, or not well-formed: protobuf's own parse, answer or error
         return InferCall(pb.ModelInferRequest.FromString(data))
     view, rest, last = memoryview(data), [], 0
@@ -49,14 +60,14 @@ def parse_infer(data: bytes) -> InferCall:
     return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), [view[a:b] for _, a, b in spans])
 
 
-def _raw_spans(data: bytes) -> list[tuple[int, int, int]]:
-    """(field start, tensor start, tensor end) of each raw tensor; [] when the message is malformed or has more
-    than FIELD_BUDGET top-level fields (then protobuf parses it whole)."""
+def _raw_spans(data: bytes) -> list[tuple[int, int, int]] | None:
+    """(field start, tensor start, tensor end) of each raw tensor; [] when the message is malformed (protobuf
+    then parses it, and fails), None past FIELD_BUDGET top-level fields."""
     spans = []
     try:
         for count, (number, wire, a, b, at) in enumerate(fields(data, 0, len(data))):
             if count >= FIELD_BUDGET:
-                return []
+                return None
             if number == RAW_INPUT_CONTENTS and wire == 2:
                 spans.append((at, a, b))
     except Malformed:
@@ -82,7 +93,7 @@ def service_handler(servicer: Any) -> grpc.GenericRpcHandler:
     for method in pb.DESCRIPTOR.services_by_name[SERVICE.split(".")[-1]].methods:
         request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
         make = makers[(method.client_streaming, method.server_streaming)]
-        parse = parse_infer if method.name == "ModelInfer" else request.FromString
+        parse = parse_infer if method.name in STREAMED else request.FromString
         behavior = getattr(servicer, method.name)
         if getattr(type(servicer), method.name, None) is getattr(GRPCInferenceServiceServicer, method.name):
             behavior = unimplemented(method.name)

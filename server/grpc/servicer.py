@@ -218,7 +218,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return codec.encode_infer(req, logits, -1 if ref else k, art, mv.name, str(mv.version),
                                       req.id or oip.random_id())
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[InferCall],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests of one stream run concurrently (they batch together), at most ``max_batch_size`` at once:
         each holds a slot until its answer is sent, so a client that does not read its answers stops the stream
@@ -242,7 +242,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             feeder.cancel()
 
-    async def _feed(self, requests: AsyncIterator[pb.ModelInferRequest],
+    async def _feed(self, requests: AsyncIterator[InferCall],
                     answers: asyncio.Queue[pb.ModelStreamInferResponse | None], room: asyncio.Semaphore) -> None:
         """Start each request once a slot is free; the end marker after the last answer; then the stream's
         error, if it had one."""
@@ -267,11 +267,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if error is not None:
             raise error
 
-    async def _stream_one(self, req: pb.ModelInferRequest,
-                          answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
-        start, code = time.perf_counter(), grpc.StatusCode.OK
+    async def _stream_one(self, call: InferCall, answers: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
+        """Answer one request of a stream (:mod:`.handlers` split it: the message and its raw tensors)."""
+        start, code, req = time.perf_counter(), grpc.StatusCode.OK, call.message
         try:
-            answer = pb.ModelStreamInferResponse(infer_response=await self.infer(req))
+            answer = pb.ModelStreamInferResponse(infer_response=await self.infer(req, call.raw or None))
         except APIError as e:
             code = grpc_code(e.status)
             answer = pb.ModelStreamInferResponse(error_message=e.message,

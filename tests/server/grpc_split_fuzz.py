@@ -1,0 +1,90 @@
+"""Hypothesis fuzz of the gRPC request split (:func:`irpe.server.grpc.handlers.parse_infer`) against protobuf's own
+parse of the same bytes; run in a child process by tests/server/test_grpc_hostile.py (it imports tritonclient's
+messages). Well-formed requests, the same with bytes changed or cut, and messages past the field budget: the
+split fails whenever protobuf fails, refuses a message past its field budget, and otherwise gives protobuf's
+request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+MAX_EXAMPLES = 300
+
+
+def _modules() -> tuple[Any, Any, Any]:
+    from google.protobuf.message import DecodeError
+    from tritonclient.grpc import service_pb2 as pb
+
+    from irpe.server.grpc import handlers
+
+    return pb, DecodeError, handlers
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    """A serialized ModelInferRequest: names, an id, parameters, inputs, outputs and raw tensors, in any order
+    protobuf writes them, plus unknown fields and (sometimes) many tiny fields past the budget."""
+    pb = _modules()[0]
+    req = pb.ModelInferRequest(model_name=draw(st.text(max_size=12)), id=draw(st.text(max_size=12)))
+    for name in draw(st.lists(st.text(max_size=6), max_size=3)):
+        req.parameters[name].int64_param = draw(st.integers(-(2**63), 2**63 - 1))
+    for _ in range(draw(st.integers(0, 3))):
+        spec = req.inputs.add(name=draw(st.text(max_size=8)), datatype="FP32")
+        spec.shape.extend(draw(st.lists(st.integers(0, 2**40), max_size=4)))
+    req.raw_input_contents.extend(draw(st.lists(st.binary(max_size=300), max_size=4)))
+    data = req.SerializeToString()
+    if draw(st.booleans()):
+        data += b"\x78\x00" * draw(st.integers(0, 600))  # unknown varint fields: the budget is 256
+    return data
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    """A request with some bytes changed and perhaps cut short."""
+    data = bytearray(draw(requests()))
+    for _ in range(draw(st.integers(0, 4))):
+        if data:
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data[:draw(st.integers(0, len(data)))] if draw(st.booleans()) else data)
+
+
+def _agree(data: bytes) -> None:
+    pb, DecodeError, handlers = _modules()
+    try:
+        want = pb.ModelInferRequest.FromString(data)
+    except DecodeError:
+        try:
+            handlers.parse_infer(data)
+        except DecodeError:
+            return
+        raise AssertionError(f"protobuf refuses {data!r}, the split parsed it") from None
+    try:
+        call = handlers.parse_infer(data)
+    except handlers.TooManyFields:  # refused only past the budget (a changed byte may merge a few fields)
+        assert _top_level_fields(want) > handlers.FIELD_BUDGET // 2, data
+        return
+    got = pb.ModelInferRequest()
+    got.CopyFrom(call.message)
+    got.raw_input_contents.extend(bytes(r) for r in call.raw)
+    assert got == want, data
+
+
+def _top_level_fields(message: Any) -> int:
+    """The top-level fields protobuf kept: every element of a repeated field or map, every unknown field."""
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    count = len(UnknownFieldSet(message))
+    for descriptor, value in message.ListFields():
+        count += len(value) if descriptor.label == descriptor.LABEL_REPEATED else 1
+    return count
+
+
+def run() -> None:
+    """Both properties, bounded: MAX_EXAMPLES examples each, no per-example deadline (a loaded machine)."""
+    bounded = settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
+                       suppress_health_check=[HealthCheck.too_slow])
+    bounded(given(requests())(_agree))()
+    bounded(given(mutated())(_agree))()
