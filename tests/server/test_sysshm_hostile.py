@@ -248,7 +248,7 @@ def test_a_batch_over_the_limit_is_refused_before_the_region_is_read(server: Ser
         assert all(r.status_code == 400 and "batch-size must be <= 32" in r.text for r in answers), answers[0].text
         grown_mb = (vm_kb(server.pid, "VmHWM") - peak) / 1024
         assert grown_mb < 64, f"peak RSS grew {grown_mb:.0f} MB: the region was read"
-        assert max(waits) < 0.4, f"/healthz waited {max(waits):.2f} s: the event loop was held"
+        assert max(waits) < 0.5, f"/healthz waited {max(waits):.2f} s: the event loop was held"
         wrong = json.loads(infer_body("huge", [1, 3, 32, 32]))
         wrong["inputs"][0]["parameters"]["shared_memory_byte_size"] = HUGE
         r = httpx.post(server.url + INFER, json=wrong, timeout=30)
