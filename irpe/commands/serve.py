@@ -99,8 +99,8 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-hosts", help="comma-separated Host names accepted ('*': any; default: loopback "
                    "names on a loopback bind without a key, else any)")
     p.add_argument("--allow-client-shm", action="store_true", default=None,
-                   help="let clients register /dev/shm regions for tensors (Triton's system shared memory; "
-                   "default off: a client could name other programs' shared memory of this user)")
+                   help="let local clients register /dev/shm segments they own for tensors (Triton's system shared "
+                   "memory: loopback peers only, each uid its own regions; default off)")
     p.add_argument("--max-shm-regions", type=int, help="registered shared-memory regions at once (default 64)")
     p.add_argument("--max-shm-region-mb", type=float, help="bytes one registered region may span (default 1024)")
     p.add_argument("--shm-name-prefix", help="/dev/shm names that any local client may register, whoever owns the "
