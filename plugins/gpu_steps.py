@@ -26,7 +26,18 @@ PARITY_BATCH = 8
 
 
 def require(module: str, why: str) -> Any:
-    """``import module``, or :class:`Skip` naming what is missing and how to get it."""
+    """``import module``, or :class:`Skip` naming what is missing and how to get it.
+
+    Args:
+        module: the import name.
+        why: how to get it, for the reason.
+
+    Returns:
+        The module.
+
+    Raises:
+        Skip: it cannot be imported.
+    """
     import importlib
 
     try:
@@ -91,7 +102,18 @@ def _check_kernels(torch: Any, kernels: Any, context: StepContext, dtype: Any,
 
 
 def step_triton_kernels(context: StepContext) -> Finding:
-    """RPEIndex and RPEBucketSum (Triton) on the device against NumPy at every corner, fp32 and fp16."""
+    """RPEIndex and RPEBucketSum (Triton) on the device against NumPy at every corner, fp32 and fp16.
+
+    Args:
+        context: the scratch folder, the profile and the device.
+
+    Returns:
+        The finding: one line and its figures.
+
+    Raises:
+        Skip: no torch, no GPU or no triton.
+        AssertionError: a kernel's output differs from NumPy beyond TOLERANCE.
+    """
     torch = require_torch(context)
     require("triton", "pip install 'irpe-deploy[plugins]'")
     from . import kernels
@@ -140,7 +162,18 @@ def _check_ptx_corner(cupy: Any, arch: int, corner: tuple[int, int, int, int], d
 
 
 def step_ptx_with_cupy(context: StepContext) -> Finding:
-    """The AOT PTX the TensorRT plugin embeds, launched with CuPy exactly as declared, against NumPy."""
+    """The AOT PTX the TensorRT plugin embeds, launched with CuPy exactly as declared, against NumPy.
+
+    Args:
+        context: the scratch folder, the profile and the device.
+
+    Returns:
+        The finding: one line and its figures.
+
+    Raises:
+        Skip: not on CUDA, no torch, no CuPy or no triton.
+        AssertionError: a launch's output differs from NumPy.
+    """
     require_cuda(context, "launching PTX")
     torch = require_torch(context)
     cupy = require("cupy", "pip install cupy-cuda12x")
@@ -207,7 +240,18 @@ def _compare_dtype(torch: Any, model: Any, context: StepContext, x: np.ndarray, 
 
 
 def step_torch_vs_onnxruntime(context: StepContext) -> Finding:
-    """The exported graph on ONNX Runtime CPU against the PyTorch model on the device, fp32 and fp16; img/s."""
+    """The exported graph on ONNX Runtime CPU against the PyTorch model on the device, fp32 and fp16; img/s.
+
+    Args:
+        context: the scratch folder, the profile and the device.
+
+    Returns:
+        The finding: one line and its figures.
+
+    Raises:
+        Skip: no torch, no GPU, no onnx or no onnxruntime.
+        AssertionError: the logits differ beyond LOGIT_TOLERANCE.
+    """
     torch = require_torch(context)
     require("onnx", "pip install 'irpe-deploy[export]'")
     require("onnxruntime", "pip install onnxruntime")
@@ -232,7 +276,18 @@ def step_torch_vs_onnxruntime(context: StepContext) -> Finding:
 
 
 def step_onnxruntime_cuda(context: StepContext) -> Finding:
-    """The exported graph on ONNX Runtime's CUDA execution provider against its CPU provider."""
+    """The exported graph on ONNX Runtime's CUDA execution provider against its CPU provider.
+
+    Args:
+        context: the scratch folder, the profile and the device.
+
+    Returns:
+        The finding: one line and its figures.
+
+    Raises:
+        Skip: not on CUDA, no onnxruntime-gpu, or no model.onnx from the step before.
+        AssertionError: ONNX Runtime fell back to the CPU or the logits differ.
+    """
     require_cuda(context, "ONNX Runtime's CUDA provider")
     ort = require("onnxruntime", "pip install 'irpe-deploy[gpu]'")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -273,7 +328,18 @@ def _engine_parity(onnx_path: Path, plan_path: Path, context: StepContext, *, us
 
 
 def step_tensorrt(context: StepContext) -> Finding:
-    """TensorRT engines from the exported graphs (standard, and iRPE AOT plugins) against ONNX Runtime."""
+    """TensorRT engines from the exported graphs (standard, and iRPE AOT plugins) against ONNX Runtime.
+
+    Args:
+        context: the scratch folder, the profile and the device.
+
+    Returns:
+        The finding: one line and its figures.
+
+    Raises:
+        Skip: not on CUDA, no torch, no onnx, no supported TensorRT, or no model.onnx.
+        AssertionError: an engine's logits differ from ONNX Runtime.
+    """
     require_cuda(context, "TensorRT")
     torch = require_torch(context)
     require("onnx", "pip install 'irpe-deploy[export]'")
