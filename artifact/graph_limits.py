@@ -17,7 +17,7 @@ from typing import Any
 
 MAX_DEPTH = 64  # nodes walked back from a candidate (an exported lookup is under 10 deep)
 MAX_TERMS = 4  # lookups summed into one node (the cross method's two per side: four)
-BUDGET_S = 20.0  # one model's rewrite (an exported DeiT-Tiny, 22 MB: 0.3 s; the time grows with the file)
+BUDGET_S = 20.0  # one model's rewrite (an exported DeiT-S, 90 MB: 2-3 s on 2 busy cores; it grows with the file)
 
 
 class RewriteRefused(Exception):
