@@ -9,11 +9,13 @@ the repository root (where the sample image's path is relative to).
 from __future__ import annotations
 
 import json
+import queue
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +118,15 @@ def server(quickstart: Quickstart):
     try:
         listening, seen = None, []
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if proc.poll() is not None:
+                    break  # exited without the lines
+                continue
             seen.append(line)
             listening = listening or LISTENING.search(line)
             if listening and READY.search(line):  # the model is warm: a curl now gets its answer, not a 503
