@@ -27,8 +27,8 @@ class Table:
 class Emit:
     """Everything the layer emitters share: the builder, the weights and the export options."""
 
-    g: GraphBuilder
-    sd: dict[str, np.ndarray]
+    builder: GraphBuilder
+    weights: dict[str, np.ndarray]  # the state dict as float32 arrays
     cfg: ViTConfig
     opset: int
     plugin: bool = False

@@ -37,13 +37,13 @@ class ImageSets:
     source: str
 
 
-def image_sets(spec: str, art: ModelArtifact, *, calibration_size: int = 64, heldout: int = 400,
+def image_sets(spec: str, artifact: ModelArtifact, *, calibration_size: int = 64, heldout: int = 400,
                seed: int = 0) -> ImageSets:
     """The calibration and held-out sets named by ``--calibration`` (``digits`` or a directory)."""
     if calibration_size < 1 or heldout < 1:
         raise ValueError("--calibration-size and the held-out size must be >= 1")
     if spec == "digits":
-        return _digits(art, calibration_size, heldout, seed)
+        return _digits(artifact, calibration_size, heldout, seed)
     root = Path(spec)
     if not root.is_dir():
         raise ValueError(f"--calibration {spec}: not a directory; pass a directory of images or 'digits'")
@@ -54,13 +54,13 @@ def image_sets(spec: str, art: ModelArtifact, *, calibration_size: int = 64, hel
     random.Random(seed).shuffle(files)
     n_cal = min(calibration_size, len(files) - 1)
     cal, held = files[:n_cal], files[n_cal:n_cal + heldout]
-    index = {name: i for i, name in enumerate(art.labels)}
+    index = {name: i for i, name in enumerate(artifact.labels)}
     labels = np.array([index.get(p.parent.name, -1) for p in held], dtype=np.int64)
-    return ImageSets(_load(cal, art), _load(held, art), labels, f"{root} ({n_cal} calibration / {len(held)} "
+    return ImageSets(_load(cal, artifact), _load(held, artifact), labels, f"{root} ({n_cal} calibration / {len(held)} "
                      "held-out images)")
 
 
-def _load(files: list[Path], art: ModelArtifact) -> np.ndarray:
+def _load(files: list[Path], artifact: ModelArtifact) -> np.ndarray:
     from PIL import Image
 
     from irpe.artifact.preprocess import preprocess_image
@@ -69,14 +69,14 @@ def _load(files: list[Path], art: ModelArtifact) -> np.ndarray:
     for path in files:
         try:
             with Image.open(path) as img:
-                out.append(preprocess_image(img, art.preprocess))
+                out.append(preprocess_image(img, artifact.preprocess))
         except OSError as e:
             raise ValueError(f"{path}: cannot read it as an image ({e}); remove it from the calibration "
                              "directory") from None
     return np.stack(out).astype(np.float32)
 
 
-def _digits(art: ModelArtifact, calibration_size: int, heldout: int, seed: int) -> ImageSets:
+def _digits(artifact: ModelArtifact, calibration_size: int, heldout: int, seed: int) -> ImageSets:
     try:
         from irpe.training.digits import digit_image, split_digits
     except ImportError as e:
@@ -85,9 +85,9 @@ def _digits(art: ModelArtifact, calibration_size: int, heldout: int, seed: int) 
 
     x_tr, x_va, _, y_va = split_digits()
     pick = np.random.default_rng(seed).permutation(len(x_tr))[:calibration_size]
-    cal = np.stack([preprocess_image(digit_image(x_tr[i]), art.preprocess) for i in pick])
-    held = np.stack([preprocess_image(digit_image(x), art.preprocess) for x in x_va[:heldout]])
-    labels = y_va[:heldout].astype(np.int64) if art.num_classes == 10 else np.full(len(held), -1)
+    cal = np.stack([preprocess_image(digit_image(x_tr[i]), artifact.preprocess) for i in pick])
+    held = np.stack([preprocess_image(digit_image(x), artifact.preprocess) for x in x_va[:heldout]])
+    labels = y_va[:heldout].astype(np.int64) if artifact.num_classes == 10 else np.full(len(held), -1)
     return ImageSets(cal.astype(np.float32), held.astype(np.float32), labels,
                      f"digits (training split: {len(cal)} calibration; validation split: {len(held)} held-out)")
 

@@ -44,11 +44,11 @@ def preprocess_for(img_size: int, stored: Any) -> Preprocess:
     unknown = sorted(set(stored) - known)
     if unknown:
         raise ValueError(f"checkpoint 'preprocess' has unknown field(s) {unknown}; allowed: {sorted(known)}")
-    pp = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
-    if pp.crop != img_size:
-        raise ValueError(f"checkpoint 'preprocess' crops to {pp.crop} but the model input is {img_size}; "
+    preprocess = Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
+    if preprocess.crop != img_size:
+        raise ValueError(f"checkpoint 'preprocess' crops to {preprocess.crop} but the model input is {img_size}; "
                          "pass --img-size matching the crop or fix the checkpoint")
-    return pp
+    return preprocess
 
 
 def tool_versions() -> dict[str, str]:
@@ -70,12 +70,12 @@ def architecture(name: str, cfg: ViTConfig) -> dict[str, Any]:
     return arch
 
 
-def metadata_summary(art: ModelArtifact) -> dict[str, str]:
+def metadata_summary(artifact: ModelArtifact) -> dict[str, str]:
     """model.json's fields as ONNX metadata_props (JSON-encoded values, ``irpe.`` keys).
 
     The ONNX file's own sha256 is left out (it cannot contain itself); engines are TensorRT-only.
     """
-    d = art.to_dict()
+    d = artifact.to_dict()
     d.pop("onnx_sha256", None)
     d.pop("engines", None)
     return {METADATA_PREFIX + k: json.dumps(v, sort_keys=True) for k, v in d.items()}

@@ -24,17 +24,17 @@ def build_onnx(model: nn.Module, *, opset: int = 17, rpe_plugin: bool = False, f
     if opset < MIN_OPSET:
         raise ValueError(f"--opset {opset} is too old: LayerNormalization needs opset >= {MIN_OPSET}")
     cfg = model.cfg
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     g = GraphBuilder(np.float16 if fp16 else np.float32)
-    e = Emit(g=g, sd=sd, cfg=cfg, opset=opset, plugin=rpe_plugin,
+    emit = Emit(builder=g, weights=weights, cfg=cfg, opset=opset, plugin=rpe_plugin,
              tables=rpe_graph.collect_tables(model))
     x = INPUT_NAME
     if fp16:
         x = g.op("Cast", [x], "images_fp16", to=TensorProto.FLOAT16)
-    x = layers.embed(e, x)
+    x = layers.embed(emit, x)
     for i in range(cfg.depth):
-        x = layers.block(e, x, i)
-    logits = layers.classify(e, x)
+        x = layers.block(emit, x, i)
+    logits = layers.classify(emit, x)
     if fp16:
         g.nodes.append(onnx.helper.make_node("Cast", [logits], [OUTPUT_NAME], name="logits_fp32", to=TensorProto.FLOAT))
     else:

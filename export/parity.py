@@ -45,7 +45,7 @@ class ParityError(ValueError):
     """The exported graph's logits differ from PyTorch's by more than the tolerance."""
 
 
-def sample_images(pp: Preprocess, names: tuple[str, ...] = SAMPLE_IMAGES) -> np.ndarray:
+def sample_images(preprocess: Preprocess, names: tuple[str, ...] = SAMPLE_IMAGES) -> np.ndarray:
     """scikit-image's bundled photographs through the artifact's preprocessing, (len(names), 3, S, S)."""
     from PIL import Image
     from skimage import data
@@ -55,7 +55,7 @@ def sample_images(pp: Preprocess, names: tuple[str, ...] = SAMPLE_IMAGES) -> np.
     arrays = []
     for name in names:
         img = getattr(data, name)()
-        arrays.append(preprocess_image(Image.fromarray(img), pp))
+        arrays.append(preprocess_image(Image.fromarray(img), preprocess))
     return np.stack(arrays)
 
 
@@ -89,7 +89,7 @@ def _compare(ref_model: nn.Module, session: Any, x: np.ndarray) -> tuple[float, 
     return diff, float(np.abs(ref).max()), bool((out.argmax(1) == ref.argmax(1)).all())
 
 
-def check_parity(model: nn.Module, onnx_path: str | Path, pp: Preprocess, *, fp16: bool = False,
+def check_parity(model: nn.Module, onnx_path: str | Path, preprocess: Preprocess, *, fp16: bool = False,
                  rpe_plugin: bool = False, seed: int = 0, session: Any = None) -> dict[str, Any]:
     """Compare logits on random inputs (batches 1 and 3) and on photographs; raise ParityError on failure."""
     session = session or ort_session(onnx_path, rpe_plugin=rpe_plugin, threads=1)
@@ -99,7 +99,7 @@ def check_parity(model: nn.Module, onnx_path: str | Path, pp: Preprocess, *, fp1
     rng = np.random.default_rng(seed)
     random = [_compare(ref_model, session, rng.standard_normal((b, 3, size, size), dtype=np.float32))
               for b in RANDOM_BATCHES]
-    image_diff, image_scale, image_top1 = _compare(ref_model, session, sample_images(pp))
+    image_diff, image_scale, image_top1 = _compare(ref_model, session, sample_images(preprocess))
     random_diff = max(r[0] for r in random)
     worst = max(random_diff, image_diff)
     scale = max([r[1] for r in random] + [image_scale])
@@ -120,7 +120,7 @@ def check_parity(model: nn.Module, onnx_path: str | Path, pp: Preprocess, *, fp1
     return report
 
 
-def check_ort_ops(model: nn.Module, onnx_path: str | Path, pp: Preprocess) -> dict[str, Any] | None:
+def check_ort_ops(model: nn.Module, onnx_path: str | Path, preprocess: Preprocess) -> dict[str, Any] | None:
     """Parity of the graph the server's ONNX Runtime engine runs on a CPU (:mod:`irpe.artifact.ort_graph`: the
     iRPE lookups as irpe.ort custom ops), as :func:`check_parity` checks the file; None when that graph is the
     file itself (no lookups, or the custom-op library is not built)."""
@@ -136,7 +136,7 @@ def check_ort_ops(model: nn.Module, onnx_path: str | Path, pp: Preprocess) -> di
     so.register_custom_ops_library(library)
     session = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     try:
-        report = check_parity(model, onnx_path, pp, session=session)
+        report = check_parity(model, onnx_path, preprocess, session=session)
     except ParityError as e:
         raise ParityError(f"{e}, on the graph with the irpe.ort custom ops that `irpe serve` runs on ONNX Runtime "
                           "(a bug: please report it; IRPE_ORT_OPS=0 serves the file as exported)") from None

@@ -25,16 +25,16 @@ from irpe.artifact import ModelArtifact, file_sha256, save_artifact
 from . import fidelity, metadata, quantize
 
 
-def reduced_precision(art: ModelArtifact, out_dir: Path, calibration: str, *, int8: bool,
+def reduced_precision(artifact: ModelArtifact, out_dir: Path, calibration: str, *, int8: bool,
                       calibration_size: int = 64, heldout: int = 400, method: str = "percentile",
                       scope: str = "linear", floors: dict[str, float | None] | None = None,
                       say: Callable[[str], None] = print, standard: Path | None = None) -> ModelArtifact:
-    """Write the fidelity reports (and, with ``int8``, the QDQ model.onnx) into ``out_dir``; returns ``art``.
+    """Write the fidelity reports (and, with ``int8``, the QDQ model.onnx) into ``out_dir``; returns ``artifact``.
 
     ``standard``: the plugin-free fp32 graph of a --rpe-plugin artifact; it is calibrated and measured, and its
     Q/DQ pairs are copied into the plugin graph (irpe:: nodes stay float; see :func:`_plugin_qdq`)."""
-    onnx_path = standard or out_dir / art.onnx_file
-    sets = fidelity.image_sets(calibration, art, calibration_size=calibration_size, heldout=heldout)
+    onnx_path = standard or out_dir / artifact.onnx_file
+    sets = fidelity.image_sets(calibration, artifact, calibration_size=calibration_size, heldout=heldout)
     say(f"calibration / held-out images: {sets.source}")
     ref = fidelity.run_logits(onnx_path, sets.heldout)
     bf16 = fidelity.openvino_bf16()
@@ -43,31 +43,31 @@ def reduced_precision(art: ModelArtifact, out_dir: Path, calibration: str, *, in
                                                            precision="bf16"), sets.labels)
         report["runtime"] = "openvino-cpu bf16"
         bf16_floors = {k: v for k, v in (floors or {}).items() if k != "cosine_mean"}  # bf16 keeps 0.999
-        art.fidelity["bf16"] = fidelity.enforce("bf16", report, bf16_floors)
+        artifact.fidelity["bf16"] = fidelity.enforce("bf16", report, bf16_floors)
         say(fidelity.format_report("bf16", report))
-    save_artifact(art, out_dir)
+    save_artifact(artifact, out_dir)
     if not int8:
-        return art
+        return artifact
     with tempfile.TemporaryDirectory(prefix="irpe-int8-") as tmp:
         qdq = Path(tmp) / "model.int8.onnx"
         say(f"int8: calibrating ({method}, scope {scope}) on {len(sets.calibration)} images ...")
         quantize.qdq_from_onnx(onnx_path, qdq, sets.calibration, method=method, scope=scope,
-                               input_name=art.input_name)
-        _int8_reports(art, qdq, ref, sets, bf16, floors or {}, out_dir, say)
+                               input_name=artifact.input_name)
+        _int8_reports(artifact, qdq, ref, sets, bf16, floors or {}, out_dir, say)
         proto = onnx.load(str(qdq))
         if standard is not None:
-            proto = _plugin_qdq(out_dir / art.onnx_file, proto, qdq, sets.heldout[:16], say)
-        art.quantization = quantize.summary(proto, method=method, scope=scope, images=len(sets.calibration),
+            proto = _plugin_qdq(out_dir / artifact.onnx_file, proto, qdq, sets.heldout[:16], say)
+        artifact.quantization = quantize.summary(proto, method=method, scope=scope, images=len(sets.calibration),
                                             source=sets.source)
-        metadata.set_metadata(proto, metadata.metadata_summary(art))
-        onnx.save(proto, str(out_dir / art.onnx_file))
-    art.onnx_sha256 = file_sha256(out_dir / art.onnx_file)
-    save_artifact(art, out_dir)
-    say(f"int8: {art.quantization['matmuls']} MatMuls quantized; model.onnx is the QDQ graph")
-    return art
+        metadata.set_metadata(proto, metadata.metadata_summary(artifact))
+        onnx.save(proto, str(out_dir / artifact.onnx_file))
+    artifact.onnx_sha256 = file_sha256(out_dir / artifact.onnx_file)
+    save_artifact(artifact, out_dir)
+    say(f"int8: {artifact.quantization['matmuls']} MatMuls quantized; model.onnx is the QDQ graph")
+    return artifact
 
 
-def _int8_reports(art: ModelArtifact, qdq: Path, ref: Any, sets: fidelity.ImageSets, bf16: bool,
+def _int8_reports(artifact: ModelArtifact, qdq: Path, ref: Any, sets: fidelity.ImageSets, bf16: bool,
                   floors: dict[str, float | None], out_dir: Path, say: Callable[[str], None]) -> None:
     """Measure the QDQ graph on each CPU runtime; save the reports, then enforce them (FidelityError)."""
     runs = [("int8_onnxruntime", "onnxruntime", "fp32", "onnxruntime-cpu")]
@@ -85,10 +85,10 @@ def _int8_reports(art: ModelArtifact, qdq: Path, ref: Any, sets: fidelity.ImageS
             fidelity.enforce("int8", report, floors)
         except fidelity.FidelityError as e:
             errors.append(f"{label}: {e}")
-        art.fidelity[key] = report
+        artifact.fidelity[key] = report
         say(fidelity.format_report("int8", report))
     if errors:
-        save_artifact(art, out_dir)  # the reports stay in model.json; model.onnx is still the fp32 graph
+        save_artifact(artifact, out_dir)  # the reports stay in model.json; model.onnx is still the fp32 graph
         raise fidelity.FidelityError(f"int8 export refused (model.onnx in {out_dir} stays fp32): "
                                      + " | ".join(errors))
 

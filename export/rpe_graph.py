@@ -49,16 +49,16 @@ def bias_constant(tables: dict[str, list[Table]]) -> np.ndarray:
     return np.asarray(total, dtype=np.float32)
 
 
-def add_score_terms(e: Emit, attn: str, q: str, k_tokens: str, tables: dict[str, list[Table]], key: str) -> str:
+def add_score_terms(emit: Emit, attn: str, q: str, k_tokens: str, tables: dict[str, list[Table]], key: str) -> str:
     """attn (N, H, n, n) + every q/k-side iRPE term of the layer (q is scaled; k_tokens is k (N, n, H, d),
     unscaled: its own transpose keeps d innermost, which OpenVINO and ONNX Runtime copy in rows, where
     k^T -> k did not)."""
-    g = e.g
+    g = emit.builder
     if not ({"q", "k"} & set(tables)):
         return attn
-    if e.cfg.rpe.mode == "bias":
+    if emit.cfg.rpe.mode == "bias":
         return g.op("Add", [attn, g.weight(bias_constant(tables), f"{key}.rpe_bias")], f"{key}/rpe_bias")
-    scale = (e.cfg.embed_dim // e.cfg.num_heads) ** -0.5
+    scale = (emit.cfg.embed_dim // emit.cfg.num_heads) ** -0.5
     luts = {}
     if "k" in tables:
         w = _concat_weights(tables["k"], axis=-1)  # (Ht, d, K')
@@ -67,9 +67,9 @@ def add_score_terms(e: Emit, attn: str, q: str, k_tokens: str, tables: dict[str,
         w = _concat_weights(tables["q"], axis=-1) * scale  # (Ht, d, K')
         k = g.op("Transpose", [k_tokens], f"{key}.rpe_q/keys", perm=[0, 2, 1, 3])  # (N, H, n, d)
         luts["q"] = g.op("MatMul", [k, g.weight(_squeeze_shared(w), f"{key}.rpe_q.weight")], f"{key}.rpe_q/lut")
-    if e.plugin:
-        return _plugin_scores(e, attn, luts, tables, key)
-    return g.op("Add", [attn, _row_scores(e, luts, tables, key)], f"{key}/rpe_qk")
+    if emit.plugin:
+        return _plugin_scores(emit, attn, luts, tables, key)
+    return g.op("Add", [attn, _row_scores(emit, luts, tables, key)], f"{key}/rpe_qk")
 
 
 def _concat_weights(tables: list[Table], axis: int) -> np.ndarray:
@@ -103,9 +103,9 @@ def _row_index(tables: list[Table], side: str) -> list[np.ndarray]:
     return out
 
 
-def _row_scores(e: Emit, luts: dict[str, str], tables: dict[str, list[Table]], key: str) -> str:
+def _row_scores(emit: Emit, luts: dict[str, str], tables: dict[str, list[Table]], key: str) -> str:
     """Gather whole rows of luts laid out (n * K', B*H), sum, one transpose back to (N, H, n, n)."""
-    g, n, heads = e.g, e.tokens, e.cfg.num_heads
+    g, n, heads = emit.builder, emit.tokens, emit.cfg.num_heads
     picked = []
     for side, lut in luts.items():
         width = sum(t.num_buckets for t in tables[side])
@@ -123,23 +123,23 @@ def _row_scores(e: Emit, luts: dict[str, str], tables: dict[str, list[Table]], k
     return g.op("Transpose", [total], f"{key}.rpe/scores", perm=[2, 3, 0, 1])
 
 
-def _plugin_scores(e: Emit, attn: str, luts: dict[str, str], tables: dict[str, list[Table]], key: str) -> str:
+def _plugin_scores(emit: Emit, attn: str, luts: dict[str, str], tables: dict[str, list[Table]], key: str) -> str:
     """attn + irpe::RPEIndex lookups on natural-layout luts (one node per table)."""
-    g = e.g
+    g = emit.builder
     for side, lut in luts.items():
         for t, off in zip(tables[side], _offsets(tables[side]), strict=True):
-            term = _plugin_node(e, "index", lut, t.bucket + off, f"{key}.rpe_{side}")
+            term = _plugin_node(emit, "index", lut, t.bucket + off, f"{key}.rpe_{side}")
             if side == "q":
                 term = g.op("Transpose", [term], f"{key}.rpe_q/transpose", perm=[0, 1, 3, 2])
             attn = g.op("Add", [attn, term], f"{key}/rpe_{side}")
     return attn
 
 
-def _plugin_node(e: Emit, kind: str, x: str, bucket: np.ndarray, name: str, num_buckets: int = 0) -> str:
+def _plugin_node(emit: Emit, kind: str, x: str, bucket: np.ndarray, name: str, num_buckets: int = 0) -> str:
     """One irpe::RPEIndex (kind "index") or irpe::RPEBucketSum node with its int32 bucket table."""
     from irpe.plugins.ops import make_bucket_sum_node, make_rpe_index_node, plugin_opset_import
 
-    g = e.g
+    g = emit.builder
     index = g.shared_initializer(bucket.astype(np.int32), "rpe.bucket_index")
     out = g.unique(f"{name}/{'rpe_index' if kind == 'index' else 'bucket_sum'}")
     node = (make_rpe_index_node(x, index, out, out) if kind == "index"

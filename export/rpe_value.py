@@ -27,21 +27,21 @@ from .emit import Emit, Table
 from .rpe_graph import _concat_weights, _offsets, _plugin_node, _squeeze_shared
 
 
-def merged_context(e: Emit, ctx: str, attn: str, tables: list[Table], key: str) -> tuple[str, np.ndarray | None]:
+def merged_context(emit: Emit, ctx: str, attn: str, tables: list[Table], key: str) -> tuple[str, np.ndarray | None]:
     """(N * n, D): the context (N, H, n, d) merged to tokens, plus the value-side term when ``tables``; and a
     (D,) constant still to add to every token (folded into the next linear layer's bias by the caller)."""
-    g, name = e.g, f"{key}.rpe_v"
-    if tables and e.plugin:
-        parts = [_plugin_node(e, "sum", attn, t.bucket, name, t.num_buckets) for t in tables]
+    g, name = emit.builder, f"{key}.rpe_v"
+    if tables and emit.plugin:
+        parts = [_plugin_node(emit, "sum", attn, t.bucket, name, t.num_buckets) for t in tables]
         sums = parts[0] if len(parts) == 1 else g.op("Concat", parts, f"{name}/sums", axis=-1)
         w = _squeeze_shared(_concat_weights(tables, axis=1))  # (K', d) or (H, K', d)
         term = g.op("MatMul", [sums, g.weight(w, f"{name}.weight")], f"{name}/values")
         ctx = g.op("Add", [ctx, term], f"{key}/rpe_v")
     out = g.op("Transpose", [ctx], f"{key}/merge", perm=[0, 2, 1, 3])
-    out = g.op("Reshape", [out, g.ints([-1, e.cfg.embed_dim])], f"{key}/flatten")
-    if not tables or e.plugin:
+    out = g.op("Reshape", [out, g.ints([-1, emit.cfg.embed_dim])], f"{key}/flatten")
+    if not tables or emit.plugin:
         return out, None
-    term, shift = _query_major_term(e, attn, tables, name)
+    term, shift = _query_major_term(emit, attn, tables, name)
     return g.op("Add", [out, term], f"{key}/rpe_v"), shift
 
 
@@ -64,21 +64,21 @@ def product_factors(bucket: np.ndarray, grid: tuple[int, int], skip: int,
     return rows, cols, m
 
 
-def _query_major_term(e: Emit, attn: str, tables: list[Table], name: str) -> tuple[str, np.ndarray | None]:
+def _query_major_term(emit: Emit, attn: str, tables: list[Table], name: str) -> tuple[str, np.ndarray | None]:
     """The value term as (N * n, D) from bucket sums laid out (n, N*H, K'), and the (D,) constant that the
     separable form leaves out (the prefix bucket's row, added to every token; None for the one-hot form)."""
-    g, heads, n = e.g, e.cfg.num_heads, e.tokens
+    g, heads, n = emit.builder, emit.cfg.num_heads, emit.tokens
     if g.dtype != np.float32:  # fp16 graphs sum in float32 (ONNX Runtime's optimizer crashes on the fp16 form)
         attn = g.op("Cast", [attn], f"{name}/attn_fp32", to=TensorProto.FLOAT)
-    skip, t = e.cfg.num_prefix_tokens, tables[0]
-    factors = product_factors(t.bucket, e.cfg.grid, skip, t.num_buckets)
+    skip, t = emit.cfg.num_prefix_tokens, tables[0]
+    factors = product_factors(t.bucket, emit.cfg.grid, skip, t.num_buckets)
     shift = None
     if len(tables) == 1 and factors is not None:
-        sums, w = _separable_sums(e, attn, factors, name), t.weight
+        sums, w = _separable_sums(emit, attn, factors, name), t.weight
         if skip:  # prefix bucket sum = 1 - the patch buckets' sums (softmax rows sum to 1): fold it in
             w, shift = w[:, :-1] - w[:, -1:], np.broadcast_to(w[:, -1], (heads, w.shape[2])).reshape(-1)
     else:
-        sums, w = _onehot_row_sums(e, attn, tables, name), _concat_weights(tables, axis=1)
+        sums, w = _onehot_row_sums(emit, attn, tables, name), _concat_weights(tables, axis=1)
     if g.dtype != np.float32:
         sums = g.op("Cast", [sums], f"{name}/sums_cast", to=g.onnx_dtype)
     if w.shape[0] == 1:  # shared: (n, N*H, K') @ (K', d)
@@ -86,17 +86,17 @@ def _query_major_term(e: Emit, attn: str, tables: list[Table], name: str) -> tup
     else:  # per head: (n, N, H, 1, K') @ (H, K', d)
         sums = g.op("Reshape", [sums, g.ints([n, -1, heads, 1, w.shape[1]])], f"{name}/per_head")
         vals = g.op("MatMul", [sums, g.weight(w, f"{name}.weight")], f"{name}/values")
-    vals = g.op("Reshape", [vals, g.ints([n, -1, e.cfg.embed_dim])], f"{name}/tokens")  # (n, N, D)
+    vals = g.op("Reshape", [vals, g.ints([n, -1, emit.cfg.embed_dim])], f"{name}/tokens")  # (n, N, D)
     vals = g.op("Transpose", [vals], f"{name}/batch_major", perm=[1, 0, 2])
-    return g.op("Reshape", [vals, g.ints([-1, e.cfg.embed_dim])], f"{name}/flatten"), shift
+    return g.op("Reshape", [vals, g.ints([-1, emit.cfg.embed_dim])], f"{name}/flatten"), shift
 
 
-def _separable_sums(e: Emit, attn: str, factors: tuple[np.ndarray, np.ndarray, int], name: str) -> str:
+def _separable_sums(emit: Emit, attn: str, factors: tuple[np.ndarray, np.ndarray, int], name: str) -> str:
     """Sums (n, N*H, m*m) over the patch keys in the patch buckets (zero for prefix queries): over key columns
     by a per-query (gw, m) one-hot on the right, then over key rows by a per-query (m, gh) one-hot on the
     left (a broadcast MatMul; a transpose in between would run element by element in ONNX Runtime)."""
-    g, n, s = e.g, e.tokens, e.cfg.num_prefix_tokens
-    (gh, gw), (rows, cols, m) = e.cfg.grid, factors
+    g, n, s = emit.builder, emit.tokens, emit.cfg.num_prefix_tokens
+    (gh, gw), (rows, cols, m) = emit.cfg.grid, factors
     col_hot, row_hot = np.zeros((n, gw, m), np.float32), np.zeros((n, 1, m, gh), np.float32)
     for i in range(gh * gw):
         r, c = divmod(i, gw)
@@ -111,20 +111,20 @@ def _separable_sums(e: Emit, attn: str, factors: tuple[np.ndarray, np.ndarray, i
     return g.op("Reshape", [t, g.ints([n, -1, m * m])], f"{name}/sums")  # (n, N*H, m_a*m_b)
 
 
-def _onehot(e: Emit, tables: list[Table]) -> str:
+def _onehot(emit: Emit, tables: list[Table]) -> str:
     """The constant float32 (n, n, K') one-hot of the value-side tables: onehot[i, j, k] = [bucket[i, j] == k]."""
-    n = e.tokens
+    n = emit.tokens
     onehot = np.zeros((n, n, sum(t.num_buckets for t in tables)), dtype=np.float32)
     rows, cols = np.arange(n)[:, None], np.arange(n)[None, :]
     for t, off in zip(tables, _offsets(tables), strict=True):
         onehot[rows, cols, off + t.bucket] = 1
-    return e.g.shared_initializer(onehot, "rpe_v.onehot")
+    return emit.builder.shared_initializer(onehot, "rpe_v.onehot")
 
 
-def _onehot_row_sums(e: Emit, attn: str, tables: list[Table], name: str) -> str:
+def _onehot_row_sums(emit: Emit, attn: str, tables: list[Table], name: str) -> str:
     """Bucket sums (n, N*H, K') as one batched MatMul per query row: attn (N, H, n, n) -> (n, N*H, n) @ onehot
     (n, n, K'); the transpose keeps the innermost axis (row copies)."""
-    g, n = e.g, e.tokens
+    g, n = emit.builder, emit.tokens
     rows = g.op("Transpose", [attn], f"{name}/attn_rows", perm=[2, 0, 1, 3])
     rows = g.op("Reshape", [rows, g.ints([n, -1, n])], f"{name}/rows")
-    return g.op("MatMul", [rows, _onehot(e, tables)], f"{name}/onehot_sums")
+    return g.op("MatMul", [rows, _onehot(emit, tables)], f"{name}/onehot_sums")

@@ -30,16 +30,16 @@ def preferred_batch_sizes(max_batch: int) -> list[int]:
     return [*sizes, max_batch]
 
 
-def config_pbtxt(name: str, platform: str, art: ModelArtifact, max_batch: int, *,
+def config_pbtxt(name: str, platform: str, artifact: ModelArtifact, max_batch: int, *,
                  instance_kind: str = "KIND_CPU", instance_count: int = 1) -> str:
     """Text-format ``ModelConfig`` for one model (images FP32 [3,H,W] -> logits FP32 [C])."""
     sizes = ", ".join(str(b) for b in preferred_batch_sizes(max_batch))
-    s = art.img_size
+    s = artifact.img_size
     return (f'name: "{name}"\nplatform: "{platform}"\nmax_batch_size: {max_batch}\n'
-            f'input [\n  {{\n    name: "{art.input_name}"\n    data_type: TYPE_FP32\n    dims: [ 3, {s}, {s} ]\n'
+            f'input [\n  {{\n    name: "{artifact.input_name}"\n    data_type: TYPE_FP32\n    dims: [ 3, {s}, {s} ]\n'
             f'  }}\n]\n'
-            f'output [\n  {{\n    name: "{art.output_name}"\n    data_type: TYPE_FP32\n'
-            f'    dims: [ {art.num_classes} ]\n    label_filename: "labels.txt"\n  }}\n]\n'
+            f'output [\n  {{\n    name: "{artifact.output_name}"\n    data_type: TYPE_FP32\n'
+            f'    dims: [ {artifact.num_classes} ]\n    label_filename: "labels.txt"\n  }}\n]\n'
             f'dynamic_batching {{\n  preferred_batch_size: [ {sizes} ]\n'
             f'  max_queue_delay_microseconds: {MAX_QUEUE_DELAY_US}\n}}\n'
             f'instance_group [\n  {{\n    count: {instance_count}\n    kind: {instance_kind}\n  }}\n]\n')
@@ -61,13 +61,13 @@ def _write_model(root: Path, name: str, config: str, labels: list[str], src: Pat
     return model_dir
 
 
-def _find_plan(artifact_dir: Path, art: ModelArtifact, plan_path: str | Path | None) -> Path | None:
+def _find_plan(artifact_dir: Path, artifact: ModelArtifact, plan_path: str | Path | None) -> Path | None:
     if plan_path is not None:
         plan = Path(plan_path)
         if not plan.is_file():
             raise ArtifactError(f"{plan}: TensorRT plan not found (build it with `irpe engine` on a GPU host)")
         return plan
-    for entry in art.engines.values():
+    for entry in artifact.engines.values():
         candidate = artifact_dir / str(entry.get("file", ""))
         if entry.get("file") and candidate.is_file():
             return candidate
@@ -82,19 +82,19 @@ def triton_repo_from_artifact(artifact_dir: str | Path, out_dir: str | Path | No
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     artifact_dir = Path(artifact_dir)
-    art = load_artifact(artifact_dir)
+    artifact = load_artifact(artifact_dir)
     root = Path(out_dir) if out_dir is not None else artifact_dir / "triton"
-    name = _safe_name(model_name or art.name)
-    plan = _find_plan(artifact_dir, art, plan_path)
-    if art.rpe_plugin and plan is None:
+    name = _safe_name(model_name or artifact.name)
+    plan = _find_plan(artifact_dir, artifact, plan_path)
+    if artifact.rpe_plugin and plan is None:
         raise ArtifactError(f"{artifact_dir}: the ONNX graph uses irpe plugin ops, which Triton's onnxruntime "
                             "backend cannot run, and there is no TensorRT plan; export without --rpe-plugin "
                             "or pass plan_path")
-    if not art.rpe_plugin:
-        _write_model(root, name, config_pbtxt(name, "onnxruntime_onnx", art, max_batch), art.labels,
-                     artifact_dir / art.onnx_file, "model.onnx")
+    if not artifact.rpe_plugin:
+        _write_model(root, name, config_pbtxt(name, "onnxruntime_onnx", artifact, max_batch), artifact.labels,
+                     artifact_dir / artifact.onnx_file, "model.onnx")
     if plan is not None:
         trt_name = f"{name}_trt"
-        _write_model(root, trt_name, config_pbtxt(trt_name, "tensorrt_plan", art, max_batch,
-                                                  instance_kind="KIND_GPU"), art.labels, plan, "model.plan")
+        _write_model(root, trt_name, config_pbtxt(trt_name, "tensorrt_plan", artifact, max_batch,
+                                                  instance_kind="KIND_GPU"), artifact.labels, plan, "model.plan")
     return root
