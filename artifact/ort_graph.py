@@ -116,6 +116,7 @@ class Graph:
         self.producer = {out: node for node in self.nodes for out in node.outputs if out}
         self.added: dict[str, np.ndarray] = {}
         self._consts: dict[str, np.ndarray | None] = {}  # each constant decoded once, however many nodes read it
+        self._position = {id(node): i for i, node in enumerate(self.nodes)}
 
     def made_by(self, name: str, op: str) -> Node | None:
         node = self.producer.get(name)
@@ -138,7 +139,8 @@ class Graph:
         return name
 
     def replace(self, old: Node, new: Node) -> None:
-        self.nodes[next(i for i, node in enumerate(self.nodes) if node is old)] = new
+        i = self._position.pop(id(old))
+        self.nodes[i], self._position[id(new)] = new, i
         for out in new.outputs:
             self.producer[out] = new
 
