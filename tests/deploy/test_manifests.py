@@ -88,6 +88,18 @@ def test_resources_on_every_container() -> None:
         assert r["requests"]["nvidia.com/gpu"] == 1 == r["limits"]["nvidia.com/gpu"]
 
 
+def test_dev_shm_holds_the_frontends_image_slots() -> None:
+    """--frontends auto on the 4-CPU pod runs 3 front ends, each with 64 image slots of 602 KB at 224 px (about
+    115 MB): more than a container's default 64 MB /dev/shm, so a memory-backed volume is mounted there."""
+    pod = _pod()
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    size = volume["emptyDir"]["sizeLimit"]
+    assert size.endswith("Mi") and int(size[:-2]) >= 3 * 64 * 602 * 1024 / 2**20
+
+
 def test_api_key_is_required() -> None:
     (c,) = _pod()["containers"]
     (env,) = [e for e in c["env"] if e["name"] == "IRPE_API_KEY"]
@@ -166,6 +178,7 @@ def test_compose() -> None:
         assert svc["volumes"] == ["../artifacts:/models:ro"] and svc["ports"] == ["8000:8000"]
         assert svc["read_only"] is True and svc["tmpfs"][0].startswith("/tmp:size=")
         assert svc["cap_drop"] == ["ALL"] and "no-new-privileges:true" in svc["security_opt"]
+        assert svc["shm_size"] == "256m"  # the --frontends image slots (see the Deployment's /dev/shm)
         assert {"cpus", "memory"} <= set(svc["deploy"]["resources"]["limits"])
         assert svc["healthcheck"]["test"][0] == "CMD" and svc["stop_grace_period"]
         # compose refuses to start without a key (${VAR:?message}): never an open server by default
