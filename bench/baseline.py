@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ("artifact", "models", "export", "plugins", "server", "training", "bench")
-BEFORE_ISSUE_13 = "4802bdc1e6712b4599c0e5ad813de39aa926d62c"  # main just before issue 13's front-end work
+SINGLE_PROCESS_BASELINE = "4802bdc1e6712b4599c0e5ad813de39aa926d62c"  # the last commit serving in one process only
 
 
 def import_tree(ref: str, out: Path, repo: Path = REPO) -> Path | None:

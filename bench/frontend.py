@@ -6,7 +6,7 @@ process tree (every thread of every process, from /proc), split per thread kind 
 event loop, ``irpe-decode``, ``irpe-inference``, ``irpe-frontend``/``irpe-engine`` processes, ...).
 Variants: ``baseline`` (another import tree, ``--baseline-pythonpath``), ``single`` (``irpe serve``),
 ``frontends=N`` (``irpe serve --frontends N``) and ``single xK`` (K images per request: cost per image).
-Without ``--artifact`` the near-free model of issue 13 is exported (64-dim, 4 layers, 7x7 grid, 224 px).
+Without ``--artifact`` the near-free model is exported (64-dim, 4 layers, 7x7 grid, 224 px).
 Every server runs with the defaults a user gets (the access log on, written to a file) and gets the request
 as httpx sends it (:func:`httpx_request`: its headers, the head and each body piece in its own write; issue
 31 found the one-write request of :func:`multipart_images` cheaper to serve than what clients send).
@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .baseline import BEFORE_ISSUE_13, import_tree
+from .baseline import SINGLE_PROCESS_BASELINE, import_tree
 from .floors import format_floors, measure_floors
 from .loadgen import run_load
 from .serve import _free_port, sample_jpeg, server_process
@@ -194,7 +194,7 @@ def build_near_free(out_dir: Path) -> Path:
 
 def run_frontend_bench(artifact: str | None, requests: int, concurrency: int, frontends: list[int],
                        baseline_pythonpath: str | None = None, images: list[int] | None = None,
-                       server_args: tuple[str, ...] = (), baseline_ref: str = BEFORE_ISSUE_13,
+                       server_args: tuple[str, ...] = (), baseline_ref: str = SINGLE_PROCESS_BASELINE,
                        rounds: int = 3) -> list[Row]:
     """Entry point of ``irpe bench serve --frontend``: the table, the before/after ratio and the floors."""
     with tempfile.TemporaryDirectory(prefix="irpe-bench-fe-") as tmp:

@@ -1,4 +1,4 @@
-"""``irpe bench rpe-lookup``: the iRPE-K lookup's forms on one attention core, per runtime (issue 32).
+"""``irpe bench rpe-lookup``: the iRPE-K lookup's forms on one attention core, per runtime.
 
 One ONNX graph per form of ``scores + q·W[:, bucket]`` inside an attention core (``softmax(q kᵀ + term) v``),
 DeiT-S sizes by default, timed interleaved on ONNX Runtime fp32 and OpenVINO f32/bf16 against the same core

@@ -325,7 +325,7 @@ class BareSession:
 
 
 def model_artifact(model: str, tmp: Path) -> Path:
-    """Export ``near-free`` (issue 13's model) or ``deit-tiny`` (DeiT-Tiny iRPE-K, 224 px), random weights."""
+    """Export ``near-free`` (the near-free model) or ``deit-tiny`` (DeiT-Tiny iRPE-K, 224 px), random weights."""
     from .frontend import build_near_free
     from .serve import build_artifact
 

@@ -1,4 +1,4 @@
-"""The checkpoint cache directory, used without following links (issue 29, F7).
+"""The checkpoint cache directory, used without following links.
 
 The directory is opened once and checked on that descriptor: owned by you (or root) and writable by nobody
 else. A sticky bit is not enough: it stops others deleting your files, not planting ``<file>.part`` as a link

@@ -57,7 +57,7 @@ class Settings:
     grpc_max_age_s: float = 3600.0  # a gRPC connection asked to reconnect after (running RPCs get --timeout-s)
     allowed_hosts: str = ""
     frontends: int = -1  # HTTP front-end processes feeding one engine process; 0: one process, -1: auto
-    model_control: str = "none"  # model repository (issue 19): none | poll | explicit
+    model_control: str = "none"  # how the model repository changes: none | poll | explicit
     poll_interval_s: float = 5.0
     default_model: str = ""  # the model /classify serves without ?model= (default: the only/first one)
     load_model: str = ""  # --model-control explicit: models loaded at startup, comma-separated ('*' or none: all)

@@ -32,7 +32,7 @@ def serve(settings: Settings) -> None:
     frontends = settings.frontends if settings.frontends < -1 else settings.resolved_frontends()
     _check_repository_fits(settings, frontends)
     if frontends:
-        from .ipc.supervisor import serve_frontends  # N HTTP processes + one engine process (issue 13)
+        from .ipc.supervisor import serve_frontends  # N HTTP processes + one engine process
 
         code = serve_frontends(settings, frontends)
         if code:

@@ -168,7 +168,7 @@ def add_digits_bench(bsub: argparse._SubParsersAction) -> None:
 
 
 def _add_frontend_options(p: argparse.ArgumentParser) -> None:
-    """``irpe bench serve --frontend`` (issue 13): CPU-ms per request, old path vs 1..N front ends."""
+    """``irpe bench serve --frontend`` : CPU-ms per request, one process vs 1..N front ends."""
     p.add_argument("--frontend", action="store_true", help="CPU-ms/request and req/s per thread kind: one "
                    "process vs --frontends 1..N (default artifact: the near-free model)")
     p.add_argument("--frontends", default="1,2", help="with --frontend: comma list of front-end counts")
@@ -187,15 +187,15 @@ def _run_frontend(args: argparse.Namespace) -> int:
     conc = max(_ints(args.concurrency, "--concurrency"), default=0)
     if min(counts + images + [conc, args.requests]) < 0 or min(images + [conc, args.requests]) < 1:
         raise CLIError("--frontends must be >= 0; --images-per-request, --concurrency, --requests >= 1")
-    from irpe.bench.baseline import BEFORE_ISSUE_13
+    from irpe.bench.baseline import SINGLE_PROCESS_BASELINE
 
     run_frontend_bench(args.artifact, args.requests, conc, counts, args.baseline_pythonpath, images,
-                       tuple(args.server_arg), args.baseline or BEFORE_ISSUE_13, max(1, args.rounds))
+                       tuple(args.server_arg), args.baseline or SINGLE_PROCESS_BASELINE, max(1, args.rounds))
     return 0
 
 
 def add_repository_bench(bsub: argparse._SubParsersAction) -> None:
-    """``irpe bench repository`` (issue 19): req/s with two models under load vs one, and fairness."""
+    """``irpe bench repository``: req/s with two models under load vs one, and fairness."""
     p = bsub.add_parser("repository", help="one server: one model vs two models under load (req/s, share, "
                                            "a quiet model's latency next to a flooded one)")
     p.add_argument("--artifact", default="digits", help="artifact served as models a and b (default: digits)")
@@ -216,7 +216,7 @@ def add_repository_bench(bsub: argparse._SubParsersAction) -> None:
 
 
 def add_triton_bench(bsub: argparse._SubParsersAction) -> None:
-    """``irpe bench triton`` (issue 31): irpe serve vs the real tritonserver under NVIDIA's perf_analyzer."""
+    """``irpe bench triton``: irpe serve vs the real tritonserver under NVIDIA's perf_analyzer."""
     p = bsub.add_parser("triton", help="irpe serve vs the real NVIDIA Triton on the same artifact, perf_analyzer "
                                        "at each concurrency, interleaved: infer/s, p50/p99, client-minus-server")
     p.add_argument("--models", default="near-free,deit-tiny", help="comma list of near-free, deit-tiny (exported "
@@ -274,7 +274,7 @@ def _run_triton(args: argparse.Namespace) -> int:
 
 
 def add_rpe_lookup_bench(bsub: argparse._SubParsersAction) -> None:
-    """``irpe bench rpe-lookup`` (issue 32): the iRPE-K lookup's forms on one attention core, per runtime."""
+    """``irpe bench rpe-lookup``: the iRPE-K lookup's forms on one attention core, per runtime."""
     p = bsub.add_parser("rpe-lookup", help="the iRPE-K lookup as rows / last-axis Gather / one-hot MatMul on one "
                                            "attention core: ONNX Runtime fp32, OpenVINO f32 and bf16, interleaved")
     p.add_argument("--batch", type=int, default=8, help="images per attention call")

@@ -63,7 +63,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_repository(p: argparse.ArgumentParser) -> None:
-    """Model repository (issue 19): ARTIFACT_DIR may be a repository of <model>/<version>/ directories."""
+    """Model repository: ARTIFACT_DIR may be a repository of <model>/<version>/ directories."""
     p.add_argument("--model-control", choices=["none", "poll", "explicit"],
                    help="none (default): the models found at startup; poll: rescan the repository every "
                    "--poll-interval-s and load new versions / unload removed ones; explicit: POST "

@@ -19,7 +19,7 @@ from irpe.training.renderings import FAMILIES
 from tests.reliability.procs import serving
 
 PER_FAMILY = None  # every held-out digit (360) in each of the 11 families: the README table itself
-# Targets of issue 20: >= 98% per family, >= 99% overall, served == offline.
+# The accuracy targets: >= 98% per family, >= 99% overall, served == offline.
 FAMILY_MIN, OVERALL_MIN = 0.98, 0.99
 
 

@@ -1,4 +1,4 @@
-"""ONNX external data is refused (issue 29, F6): only the .onnx file is checksummed, and ONNX Runtime and
+"""ONNX external data is refused: only the .onnx file is checksummed, and ONNX Runtime and
 OpenVINO keep an external data file mapped, so a write to it would change a model with nothing verified.
 Unit tests of the scan, then a real ``irpe serve --model-control poll`` on 127.0.0.1."""
 

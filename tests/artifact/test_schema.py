@@ -1,4 +1,4 @@
-"""model.json is untrusted: types, file names, digests and labels are checked at load (issue 22)."""
+"""model.json is untrusted: types, file names, digests and labels are checked at load."""
 
 from __future__ import annotations
 

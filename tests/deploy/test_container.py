@@ -330,7 +330,7 @@ def test_gpu_image_without_a_cuda_base(engine: list[str], artifact: Path) -> Non
 
 
 def test_open_bind_needs_a_key_or_an_explicit_opt_out(engine: list[str], cpu_image: str, artifact: Path) -> None:
-    """The image binds 0.0.0.0: with the server's M5 refusal (issue 22) it does not start without a key;
+    """The image binds 0.0.0.0: with the server's refusal of an open bind without a key it does not start without a key;
     IRPE_INSECURE=1, as documented, serves without one."""
     port = free_port()
     base = ["--read-only", "--tmpfs", "/tmp:size=64m", "-p", f"127.0.0.1:{port}:8000", "-v", f"{artifact}:/models:ro"]

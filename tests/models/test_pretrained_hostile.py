@@ -1,4 +1,4 @@
-"""Published-weights downloads against a misbehaving mirror and a hostile cache (issue 29, F7): a real HTTP
+"""Published-weights downloads against a misbehaving mirror and a hostile cache: a real HTTP
 mirror on 127.0.0.1 (tests/models/test_pretrained.py) serving arbitrary bytes (the download never parses them)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Resource-exhaustion payloads (issue 22), built in memory: small on the wire, costly if unbounded."""
+"""Resource-exhaustion payloads, built in memory: small on the wire, costly if unbounded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Server CPU per request for the HTTP protocol choices (issue 22, H2), measured side by side in one run.
+"""Server CPU per request for the HTTP protocol choices, measured side by side in one run.
 
     PYTHONPATH=. .venv/bin/python -m tests.reliability.measure_parser [ROUNDS [VARIANT ...]]
 

@@ -1,4 +1,4 @@
-"""Time-bounded mutation fuzzer over PNG / JPEG / TIFF / GIF / WebP seeds (issue 22).
+"""Time-bounded mutation fuzzer over PNG / JPEG / TIFF / GIF / WebP seeds.
 
 Seeds cover the decoder paths that matter (progressive and CMYK JPEG, EXIF orientation, interlaced,
 palette, 1- and 16-bit PNG, compressed / multi-page / 16-bit / float TIFF, animated GIF and WebP, lossless

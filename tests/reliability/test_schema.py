@@ -24,7 +24,7 @@ from tests.reliability.procs import ServerProcess
 from tests.reliability.record import RECORDS
 
 MAX_EXAMPLES = 20  # per operation and generation mode (positive, negative)
-# Triton's answer to model control without --model-control explicit (issue 30): 503, documented on the routes
+# Triton's answer to model control without --model-control explicit: 503, documented on the routes
 _TRITON_503 = ("/v2/repository/models/{name}/load", "/v2/repository/models/{name}/unload")
 
 

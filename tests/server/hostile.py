@@ -1,4 +1,4 @@
-"""Hostile inputs for issue 29's tests: disguised and many-scan JPEGs, and a /healthz prober."""
+"""Hostile inputs for the decode-hardening tests: disguised and many-scan JPEGs, and a /healthz prober."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-# A baseline 8x8 YCbCr frame header: what a reader that gives RST0 a length finds (issue 29, F1).
+# A baseline 8x8 YCbCr frame header: what a reader that gives RST0 a length finds.
 FAKE_SOF = b"\xff\xc0\x00\x11\x08\x00\x08\x00\x08\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
 
 

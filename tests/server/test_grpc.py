@@ -71,7 +71,7 @@ def test_tritonclient_sync_every_unary_rpc(server: ServerProcess) -> None:
     assert out["metadata"]["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": ["-1", "10"]}]
     config = out["config"]
     assert config["max_batch_size"] == MAX_QUEUE and config["input"][0]["dims"] == ["3", "32", "32"]
-    # no delay for a lone request (issue 30); a uint64 0 is left out of the JSON form
+    # no delay for a lone request; a uint64 0 is left out of the JSON form
     assert config["dynamic_batching"].get("max_queue_delay_microseconds", "0") == "0"
     assert config["instance_group"][0]["name"] == "tiny-mean_0" and config["output"][0]["label_filename"]
     assert _close(out["logits"], images(3, 1)) and out["id"] == "r-1"

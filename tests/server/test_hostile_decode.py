@@ -4,7 +4,7 @@ header reader must not be decoded on the event loop; /healthz stays quick while 
 Margin: /healthz answers in ~1-3 ms on an idle loop. The machine has 2 cores shared with other sessions,
 and during the attack the decode pool keeps both busy (the probe waits for a core and for the GIL), so a
 probe may wait a few scheduler slices (load averages of 10+ were seen, and a lone 200 ms probe with the fix
-in place; in one full-suite run of session 8 a lone 722 ms probe among 35, the others median 4 ms, which did
+in place; in one full-suite run a lone 722 ms probe among 35, the others median 4 ms, which did
 not recur in 3 other full runs nor in 11 runs alone, 4 of them beside two busy loops: worst 8-19 ms). The
 bounds: the median probe under 100 ms, the worst under ``STALL_S`` = 1 s, while before the fix the attacks
 below held the loop 1.4 s (F1b) and 2.6 s (F1) here."""

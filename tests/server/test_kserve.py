@@ -289,7 +289,7 @@ def test_overload_deadline_and_internal_errors_are_printable(tmp_path: Path) -> 
 
 
 def test_trace_logging_and_cuda_shared_memory_routes(server: ServerProcess) -> None:
-    """Triton's trace/logging/CUDA shared memory routes answer (issue 30): logging settings change this process's
+    """Triton's trace/logging/CUDA shared memory routes answer: logging settings change this process's
     log level; trace files stay off (a request for them is a 400 naming why); CUDA regions cannot be registered."""
     with httpx.Client(base_url=server.url, timeout=10) as c:
         start = c.get("/v2/logging").json()

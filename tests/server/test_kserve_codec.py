@@ -1,5 +1,6 @@
-"""Hostile input to the Open Inference Protocol parser (issue 22's H1 and M1, and fuzzing): every request is
-a 4xx with ``{"error": "message"}``, answered in bounded time and memory, and the server keeps serving.
+"""Hostile input to the Open Inference Protocol parser (repeated outputs, odd header lengths, and fuzzing):
+every request is a 4xx with ``{"error": "message"}``, answered in bounded time and memory, and the server keeps
+serving.
 
 The server tests send each request to a real ``irpe serve`` (default limits: 20 MB bodies, 256 images) and
 measure the server's RSS; the codec tests fuzz the parser in-process with Hypothesis (only ProtocolError

@@ -1,4 +1,4 @@
-"""Triton's statistics and metrics meaning (issue 30): a request counts once in queue/compute whatever its image count,
+"""Triton's statistics and metrics meaning: a request counts once in queue/compute whatever its image count,
 executions and images are counted apart, failures carry Triton's reason, and ``nv_inference_*`` shows the same
 numbers with Triton's names, types and labels."""
 
