@@ -131,3 +131,18 @@ def test_the_openvino_rewrite_over_its_budget_falls_back_with_one_warning(tmp_pa
     out = core.compile_model(model, "CPU").create_infer_request().infer({0: IMAGES})[0]
     want = ort.InferenceSession(str(path)).run(None, {"images": IMAGES})[0]
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["add_chain", "one_input_gather"])
+def test_the_openvino_engine_serves_the_file_as_exported_or_refuses_it_cleanly(name: str, tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    directory = handmade_artifact(tmp_path / name, name, *HOSTILE[name]())
+    art = load_artifact(directory)
+    if name == "one_input_gather":
+        with pytest.raises(EngineError, match="OpenVINO cannot compile it.*--backend onnxruntime"):
+            load_engine(directory, art, backend="openvino", threads=1, max_batch=2, precision="fp32")
+        return
+    engine = load_engine(directory, art, backend="openvino", threads=1, max_batch=2, precision="fp32")
+    want = ort.InferenceSession(str(directory / "model.onnx")).run(None, {"images": IMAGES})[0]
+    np.testing.assert_allclose(engine.run(IMAGES), want, rtol=1e-5, atol=1e-30)

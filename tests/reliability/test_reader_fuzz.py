@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from irpe.artifact import onnx_wire
+from irpe.artifact import Preprocess, onnx_wire
 from irpe.artifact.onnx_scan import TooDeep, external_tensors
 from irpe.artifact.protowire import Malformed, fields
-from irpe.server.pipeline.jpeg import read_frame
+from irpe.server.pipeline.jpeg import plain_size, read_frame
 from tests.server.helpers import encode, image
 
 FUZZ = settings(max_examples=300, deadline=2000, derandomize=True, database=None,
@@ -249,15 +249,19 @@ def mutated_jpegs(draw: st.DrawFn) -> bytes:
 @given(mutated_jpegs())
 def test_the_jpeg_frame_reader_gives_the_size_pillow_gives(data: bytes) -> None:
     """Where the frame reader finds a frame and Pillow opens the file as a JPEG, both give the same size and
-    component count (the pixel limits are checked on that size before anything decodes)."""
+    component count (the pixel limits are checked on that size before anything decodes); the fast path's size
+    is one Pillow opens the file with."""
     frame = read_frame(data)
     strict = read_frame(data, strict=True)
     assert strict is None or strict == frame
+    fast = plain_size(data, Preprocess(resize=36, crop=32), 2_000_000)
     try:
         with Image.open(io.BytesIO(data)) as img:
             size, layers, fmt = img.size, len(img.getbands()), img.format
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        assert fast is None, fast
         return
+    assert fast is None or fast == size, (fast, size)
     if frame is not None and fmt in ("JPEG", "MPO"):
         assert (frame.width, frame.height) == size, (frame, size)
         assert frame.components == layers or frame.components == 4 and layers == 4, (frame, layers)
