@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .cache import CacheDir, CacheError
+from .registry import released_models
 
 RELEASE_URL = "https://github.com/wkcn/iRPE-model-zoo/releases/download/1.0/"
 CHUNK = 1 << 16
@@ -47,15 +48,8 @@ class Release:
     sha256: str | None = None
 
 
-#: The variants with released weights (the other registered variants have none).
-PUBLISHED: dict[str, Release] = {name: Release(f"{name}.pth") for name in (
-    "deit_tiny_patch16_224_ctx_product_50_shared_k",
-    "deit_small_patch16_224_ctx_product_50_shared_k",
-    "deit_small_patch16_224_ctx_product_50_shared_qk",
-    "deit_small_patch16_224_ctx_product_50_shared_qkv",
-    "deit_base_patch16_224_ctx_product_50_shared_k",
-    "deit_base_patch16_224_ctx_product_50_shared_qkv",
-)}
+#: The variants with released weights, as the registry marks them (the other variants have none).
+PUBLISHED: dict[str, Release] = {name: Release(f"{name}.pth") for name in released_models()}
 
 
 class DownloadError(ValueError):
@@ -86,25 +80,39 @@ def _offline() -> bool:
 
 def download_pretrained(name: str, progress: bool = True, offline: bool | None = None,
                         timeout: float = 30.0) -> Path:
-    """The cached checkpoint file of the published variant ``name`` (downloaded when missing or unpinned)."""
-    rel = release(name)
+    """The cached checkpoint file of a published variant, downloaded when missing or unpinned.
+
+    Args:
+        name: a variant with released weights (:data:`PUBLISHED`).
+        progress: show a progress bar on stderr.
+        offline: use only the cache; None reads ``IRPE_OFFLINE``.
+        timeout: seconds to wait on the network per request.
+
+    Returns:
+        The path of the verified file in the cache.
+
+    Raises:
+        DownloadError: ``name`` has no released weights, the cache cannot be used safely, the file is not
+            cached while offline, or the download fails or does not match its digest.
+    """
+    entry = release(name)
     root = cache_dir()
     offline = _offline() if offline is None else offline
     try:
         if offline and not root.is_dir():
-            raise _not_cached(name, root, rel)
+            raise _not_cached(name, root, entry)
         with CacheDir(root) as cache:
-            if _usable(cache, rel, offline, progress):
-                return root / rel.filename
+            if _usable(cache, entry, offline, progress):
+                return root / entry.filename
             if offline:
-                raise _not_cached(name, root, rel)
-            return _download(pretrained_url(name), cache, rel, timeout, progress)
+                raise _not_cached(name, root, entry)
+            return _download(pretrained_url(name), cache, entry, timeout, progress)
     except CacheError as e:
         raise DownloadError(str(e)) from None
 
 
-def _not_cached(name: str, root: Path, rel: Release) -> DownloadError:
-    return DownloadError(f"{name}: not in the cache {root} and offline (IRPE_OFFLINE); copy {rel.filename} "
+def _not_cached(name: str, root: Path, entry: Release) -> DownloadError:
+    return DownloadError(f"{name}: not in the cache {root} and offline (IRPE_OFFLINE); copy {entry.filename} "
                          "there or allow network access")
 
 
@@ -114,12 +122,12 @@ def _recorded(cache: CacheDir, file: str) -> str | None:
     return words[0] if words and len(words[0]) == 64 else None
 
 
-def _usable(cache: CacheDir, rel: Release, offline: bool, progress: bool) -> bool:
+def _usable(cache: CacheDir, entry: Release, offline: bool, progress: bool) -> bool:
     """Whether the cached file can be used as it is (a wrong one is removed)."""
-    file = rel.filename
+    file = entry.filename
     if not cache.is_file(file):
         return False
-    got, want = cache.sha256(file), rel.sha256 or _recorded(cache, file)
+    got, want = cache.sha256(file), entry.sha256 or _recorded(cache, file)
     if want:
         if got == want:
             return True
@@ -137,11 +145,11 @@ def _usable(cache: CacheDir, rel: Release, offline: bool, progress: bool) -> boo
     return False  # downloaded again: pinned when that download arrives whole or matches this copy
 
 
-def _download(url: str, cache: CacheDir, rel: Release, timeout: float, progress: bool) -> Path:
+def _download(url: str, cache: CacheDir, entry: Release, timeout: float, progress: bool) -> Path:
     """Fetch into ``<file>.part``, check the digest, rename it to ``<file>``; pin it when that is sound."""
-    file, part = rel.filename, rel.filename + ".part"
+    file, part = entry.filename, entry.filename + ".part"
     why_not_whole = _fetch(url, cache, part, timeout, progress)
-    got, want = cache.sha256(part), rel.sha256 or _recorded(cache, file)
+    got, want = cache.sha256(part), entry.sha256 or _recorded(cache, file)
     if want and got != want:
         cache.unlink(part)
         cache.unlink(part + META)
