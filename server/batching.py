@@ -22,16 +22,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from .metrics import Metrics
-from .stats import ModelStats
+from .stats import BatchPhases, ModelStats
 
 log = logging.getLogger("irpe.server")
 _REQUESTS = itertools.count(1)
-deaths = 0  # inference threads of any batcher in this process that ended while not stopping (see alive())
 
 
 class QueueFullError(Exception):
@@ -81,7 +80,7 @@ class BatchQueue(Protocol):
 
 @dataclass
 class _Item:
-    x: np.ndarray
+    image: np.ndarray
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
@@ -126,6 +125,8 @@ class Batcher:
     threads when decoding competes for the cores (no barrier between threads to stall on).
     """
 
+    _deaths: ClassVar[int] = 0  # inference threads of any batcher in this process that ended while not stopping
+
     def __init__(self, run: Callable[[np.ndarray], np.ndarray], *, sizes: list[int], max_wait_ms: float,
                  max_queue: int, metrics: Metrics | None = None, workers: int = 1,
                  solo: Callable[[np.ndarray], np.ndarray] | None = None):
@@ -166,6 +167,12 @@ class Batcher:
         """False when an inference thread died (an error outside the engine call) while not stopping. A flag the
         thread sets as it ends: every request asks, and walking the threads' ``is_alive`` cost a lock each."""
         return self._stopping or not self._dead
+
+    @staticmethod
+    def any_thread_died() -> bool:
+        """Whether an inference thread of any batcher in this process ended while not stopping (a cheap check
+        before asking each batcher's :meth:`alive`)."""
+        return Batcher._deaths > 0
 
     def start(self) -> None:
         """Start the inference thread(s)."""
@@ -239,13 +246,12 @@ class Batcher:
             self._cond.wait(remaining)
 
     def _thread(self) -> None:
-        global deaths
         try:
             self._loop()
         finally:
             if not self._stopping:
                 self._dead = True
-                deaths += 1
+                Batcher._deaths += 1
 
     def _loop(self) -> None:
         while (taken := self._take()) is not None:
@@ -263,7 +269,7 @@ class Batcher:
     def _infer(self, batch: list[_Item], run: Callable[[np.ndarray], np.ndarray]) -> None:
         start = time.perf_counter()
         try:
-            x = batch[0].x[None] if len(batch) == 1 else np.stack([i.x for i in batch])  # one: a view, no copy
+            x = batch[0].image[None] if len(batch) == 1 else np.stack([i.image for i in batch])  # one: a view, no copy
             stacked = time.perf_counter()
             out = run(x)
             error: BaseException | None = None
@@ -289,8 +295,10 @@ class Batcher:
         if error is None:
             done = time.perf_counter()
             firsts = [start - i.enqueued for i in batch if i.first]
-            self.stats.batch(len(batch), firsts, len({i.request for i in batch}),
-                             (stacked - start, start + took - stacked, done - start - took))
+            phases = BatchPhases(stack_s=stacked - start, infer_s=start + took - stacked,
+                                 output_s=done - start - took)
+            self.stats.batch(size=len(batch), queue_s=firsts, requests=len({i.request for i in batch}),
+                             phases=phases)
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop taking work; with ``drain`` the queued images are still run, else they fail."""

@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 _PHASES = ("compute_input", "compute_infer", "compute_output")
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")  # Triton's nv_inference_request_failure reasons
+
+
+@dataclass(frozen=True)
+class BatchPhases:
+    """Where one engine call's time went, in seconds (Triton's compute phases)."""
+
+    stack_s: float  # stacking the images (compute_input)
+    infer_s: float  # the engine (compute_infer)
+    output_s: float  # handing the rows back (compute_output)
 
 
 def _duration(count: int = 0, ns: int = 0) -> dict[str, int]:
@@ -41,14 +51,20 @@ class ModelStats:
             if not ok:
                 self._reasons[reason if reason in self._reasons else "OTHER"] += 1
 
-    def batch(self, size: int, queue_s: list[float], requests: int, phases: tuple[float, float, float]) -> None:
-        """One engine call of ``size`` images from ``requests`` requests; ``queue_s``: the waits of the requests
-        that start in it; the three phase durations. As in Triton, a request counts once (in the batch that
-        starts it) and each request is charged the batch's time (a request split over batches: each of them)."""
+    def batch(self, *, size: int, queue_s: list[float], requests: int, phases: BatchPhases) -> None:
+        """Count one engine call. As in Triton, a request counts once (in the batch that starts it) and each
+        request is charged the batch's time (a request split over batches: each of them).
+
+        Args:
+            size: the images in the call.
+            queue_s: the waits of the requests that start in it.
+            requests: the requests its images come from.
+            phases: where the call's time went.
+        """
         with self._lock:
             self._add(self._totals["queue"], len(queue_s), sum(queue_s))
             per = self._by_batch.setdefault(size, {k: [0, 0] for k in _PHASES})
-            for name, seconds in zip(_PHASES, phases, strict=True):
+            for name, seconds in zip(_PHASES, (phases.stack_s, phases.infer_s, phases.output_s), strict=True):
                 self._add(self._totals[name], len(queue_s), seconds * requests)
                 self._add(per[name], 1, seconds)
             self.inference_count += size

@@ -100,7 +100,7 @@ class LocalHost(ModelHost):
         return reasons[0] if reasons else "warm-up failed"
 
     def fatal(self) -> str:
-        if not batching.deaths:  # asked per request: no inference thread has ended, nothing to look up
+        if not batching.Batcher.any_thread_died():  # asked per request: no thread has ended, nothing to look up
             return ""
         mv = self.newest(self.default_name()) if self.started else None
         if mv is not None and mv.batcher is not None and not mv.batcher.alive():

@@ -10,14 +10,13 @@ cross-site browser requests (:mod:`..http.control`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from ..auth import bearer_matches
 from ..config import Settings, is_loopback
 from ..errors import APIError
 from .service import Service
-
-_pool: ThreadPoolExecutor | None = None  # one thread: control calls take the host's lock one at a time anyway
 
 
 def check_admin(settings: Settings, authorization: str, what: str = "model control") -> None:
@@ -39,7 +38,10 @@ def check_admin(settings: Settings, authorization: str, what: str = "model contr
 async def run_control(service: Service, name: str, load: bool) -> None:
     """Load or unload ``name`` in the control thread (not the loop's default executor, which many slow
     loads would otherwise fill)."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(1, thread_name_prefix="irpe-control")
-    await asyncio.get_running_loop().run_in_executor(_pool, service.control, name, load)
+    await asyncio.get_running_loop().run_in_executor(_control_pool(), service.control, name, load)
+
+
+@functools.cache
+def _control_pool() -> ThreadPoolExecutor:
+    """The control thread, made on first use: one thread, as control calls take the host's lock one at a time."""
+    return ThreadPoolExecutor(1, thread_name_prefix="irpe-control")
