@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal, get_args
 
 import numpy as np
 
-METHODS = ("euc", "quant", "cross", "product")
-#: Methods that own one table each; ``cross`` is the sum of ``cross_rows`` and ``cross_cols``.
-TABLE_METHODS = ("euc", "quant", "cross_rows", "cross_cols", "product")
+#: How relative position becomes a bucket: Euclidean distance, quantized squared distance, the sum of a
+#: row and a column table, or one bucket per (row, column) offset pair.
+RPEMethod = Literal["euc", "quant", "cross", "product"]
+#: A method that owns one table; ``cross`` is the sum of ``cross_rows`` and ``cross_cols``.
+TableMethod = Literal["euc", "quant", "cross_rows", "cross_cols", "product"]
+
+METHODS: tuple[RPEMethod, ...] = get_args(RPEMethod)
+TABLE_METHODS: tuple[TableMethod, ...] = get_args(TableMethod)
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,16 @@ class PiecewiseCoefficients:
 
 
 def piecewise_index(x: np.ndarray, coef: PiecewiseCoefficients) -> np.ndarray:
-    """g(x): exact for |x| <= alpha, logarithmic beyond, clipped at beta; returns int64."""
+    """The piecewise index function g(x) of the paper (Eq. 18), element-wise.
+
+    Args:
+        x: relative distances, any shape (computed in float32, as the authors' code does).
+        coef: alpha (exact up to here), beta (the clip) and gamma (the logarithm's span).
+
+    Returns:
+        int64 array of ``x``'s shape: ``round(x)`` where ``|x| <= alpha``, logarithmic beyond, clipped
+        to ``[-beta, beta]``.
+    """
     x = np.asarray(x, dtype=np.float32)
     alpha, beta = np.float32(coef.alpha), np.float32(coef.beta)
     log_span = np.float32(np.log(coef.gamma / coef.alpha))
@@ -51,7 +66,7 @@ def _offsets(height: int, width: int) -> np.ndarray:
     return pos[:, None, :] - pos[None, :, :]
 
 
-def _table_ids(method: str, diff: np.ndarray, coef: PiecewiseCoefficients) -> np.ndarray:
+def _table_ids(method: TableMethod, diff: np.ndarray, coef: PiecewiseCoefficients) -> np.ndarray:
     b = int(coef.beta)
     if method == "euc":
         dist = np.round(np.sqrt(np.square(diff).sum(-1).astype(np.float32)))
@@ -68,15 +83,24 @@ def _table_ids(method: str, diff: np.ndarray, coef: PiecewiseCoefficients) -> np
     raise ValueError(f"unknown bucket method {method!r}; expected one of {TABLE_METHODS}")
 
 
-def num_buckets(method: str, ratio: float, skip: int = 0) -> int:
-    """Number of buckets of one table (plus one extra bucket for skip tokens)."""
+def num_buckets(method: TableMethod, ratio: float, skip: int = 0) -> int:
+    """The number of buckets of one table.
+
+    Args:
+        method: the table's method (``product`` has ``(2 beta + 1)^2`` buckets, the others ``2 beta + 1``).
+        ratio: the piecewise ratio; beta is ``2 * ratio``.
+        skip: prefix tokens (class, distillation) outside the grid; any > 0 adds one shared bucket.
+
+    Returns:
+        The bucket count, the extra prefix bucket included.
+    """
     b = int(PiecewiseCoefficients.from_ratio(ratio).beta)
     n = (2 * b + 1) ** 2 if method == "product" else 2 * b + 1
     return n + (1 if skip > 0 else 0)
 
 
 @lru_cache(maxsize=256)
-def _bucket_ids_cached(method: str, ratio: float, height: int, width: int, skip: int) -> np.ndarray:
+def _bucket_ids_cached(method: TableMethod, ratio: float, height: int, width: int, skip: int) -> np.ndarray:
     coef = PiecewiseCoefficients.from_ratio(ratio)
     ids = _table_ids(method, _offsets(height, width), coef)
     if skip > 0:
@@ -89,8 +113,22 @@ def _bucket_ids_cached(method: str, ratio: float, height: int, width: int, skip:
     return ids
 
 
-def bucket_ids(method: str, ratio: float, height: int, width: int, skip: int = 0) -> np.ndarray:
-    """The (skip + H*W, skip + H*W) int64 bucket table of one method (read-only)."""
+def bucket_ids(method: TableMethod, ratio: float, height: int, width: int, skip: int = 0) -> np.ndarray:
+    """The bucket of every (query, key) token pair for one table.
+
+    Args:
+        method: one of :data:`TABLE_METHODS`.
+        ratio: the piecewise ratio (beta = 2 * ratio).
+        height: patch rows of the grid.
+        width: patch columns of the grid.
+        skip: prefix tokens before the grid; their rows and columns get the extra last bucket.
+
+    Returns:
+        A read-only (skip + H*W, skip + H*W) int64 array, cached per argument set.
+
+    Raises:
+        ValueError: ``method`` is unknown, the grid is smaller than 1x1 or ``skip`` is negative.
+    """
     if method not in TABLE_METHODS:
         raise ValueError(f"unknown bucket method {method!r}; expected one of {TABLE_METHODS}")
     if height < 1 or width < 1 or skip < 0:
@@ -98,7 +136,7 @@ def bucket_ids(method: str, ratio: float, height: int, width: int, skip: int = 0
     return _bucket_ids_cached(method, float(ratio), int(height), int(width), int(skip))
 
 
-def table_methods(method: str) -> tuple[str, ...]:
+def table_methods(method: RPEMethod) -> tuple[TableMethod, ...]:
     """The tables one RPE method sums: ``cross`` -> rows and cols, others -> themselves."""
     if method == "cross":
         return ("cross_rows", "cross_cols")

@@ -1,4 +1,7 @@
-"""DeiT (data-efficient image transformer) with iRPE in every attention layer."""
+"""DeiT (data-efficient image transformer) with iRPE in every attention layer.
+
+Shapes: B images, N tokens (prefix + grid), C embedding width, H heads, D head dim (C = H * D).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,10 @@ from .rpe import RPEConfig, build_rpe
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """Architecture hyper-parameters; preprocessing and labels live in model.json, not here."""
+    """Architecture hyper-parameters; preprocessing and labels live in model.json, not here.
+
+    ``rpe`` says where and how relative position is encoded (:class:`RPEConfig`; ``on=""``: plain DeiT).
+    """
 
     img_size: int = 224
     patch_size: int = 16
@@ -31,6 +37,7 @@ class ViTConfig:
 
     @property
     def grid(self) -> tuple[int, int]:
+        """Patch rows and columns; ValueError when ``img_size`` is not a multiple of ``patch_size``."""
         if self.img_size % self.patch_size:
             raise ValueError(f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}")
         side = self.img_size // self.patch_size
@@ -38,6 +45,7 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: the class token, plus the distillation token when distilled."""
         return 2 if self.distilled else 1
 
 
@@ -57,32 +65,37 @@ class DropPath(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ViTConfig) -> None:
+    """Multi-head self-attention with the iRPE addends of ``config.rpe`` on q, k and v."""
+
+    def __init__(self, config: ViTConfig) -> None:
         super().__init__()
-        dim, heads = cfg.embed_dim, cfg.num_heads
+        dim, heads = config.embed_dim, config.num_heads
         self.num_heads, self.head_dim = heads, dim // heads
         self.scale = self.head_dim ** -0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=cfg.qkv_bias)
+        self.qkv = nn.Linear(dim, dim * 3, bias=config.qkv_bias)
         self.proj = nn.Linear(dim, dim)
-        rpe_args = (heads, self.head_dim, cfg.grid, cfg.num_prefix_tokens)
-        self.rpe_q = build_rpe(cfg.rpe, "q", *rpe_args)
-        self.rpe_k = build_rpe(cfg.rpe, "k", *rpe_args)
-        self.rpe_v = build_rpe(cfg.rpe, "v", *rpe_args)
+        table_shape = dict(num_heads=heads, head_dim=self.head_dim, grid=config.grid, skip=config.num_prefix_tokens)
+        self.rpe_q = build_rpe(config.rpe, "q", **table_shape)
+        self.rpe_k = build_rpe(config.rpe, "k", **table_shape)
+        self.rpe_v = build_rpe(config.rpe, "v", **table_shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0] * self.scale, qkv[1], qkv[2]
-        attn = q @ k.transpose(-2, -1)
+        """(B, N, C) tokens -> (B, N, C) attended tokens."""
+        batch, tokens, width = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, D)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, N, D)
+        q, k, v = qkv[0] * self.scale, qkv[1], qkv[2]  # each (B, H, N, D)
+        attn = q @ k.transpose(-2, -1)  # (B, H, N, N)
         if self.rpe_k is not None:
-            attn = attn + self.rpe_k(q)
+            attn = attn + self.rpe_k(q)  # (B, H, N, N): query meets the key-side table
         if self.rpe_q is not None:
-            attn = attn + self.rpe_q(k * self.scale).transpose(2, 3)
-        attn = attn.softmax(dim=-1)
-        out = attn @ v
+            attn = attn + self.rpe_q(k * self.scale).transpose(2, 3)  # (B, H, N, N): key meets the query table
+        attn = attn.softmax(dim=-1)  # (B, H, N, N)
+        out = attn @ v  # (B, H, N, D)
         if self.rpe_v is not None:
-            out = out + self.rpe_v(attn)
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+            out = out + self.rpe_v(attn)  # (B, H, N, D)
+        out = out.transpose(1, 2).reshape(batch, tokens, width)  # (B, N, C)
+        return self.proj(out)
 
 
 class Mlp(nn.Module):
@@ -92,49 +105,53 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(F.gelu(self.fc1(x)))  # (B, N, C) -> (B, N, hidden) -> (B, N, C)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ViTConfig, drop_path: float) -> None:
+    """One pre-norm transformer block: attention, then the MLP, each residual."""
+
+    def __init__(self, config: ViTConfig, drop_path: float) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
-        self.attn = Attention(cfg)
+        self.norm1 = nn.LayerNorm(config.embed_dim, eps=config.layer_norm_eps)
+        self.attn = Attention(config)
         self.drop_path = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio))
+        self.norm2 = nn.LayerNorm(config.embed_dim, eps=config.layer_norm_eps)
+        self.mlp = Mlp(config.embed_dim, int(config.embed_dim * config.mlp_ratio))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = x + self.drop_path(self.attn(self.norm1(x)))  # (B, N, C)
+        return x + self.drop_path(self.mlp(self.norm2(x)))  # (B, N, C)
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, cfg: ViTConfig) -> None:
+    """Non-overlapping patches to tokens: one strided convolution."""
+
+    def __init__(self, config: ViTConfig) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, cfg.patch_size, cfg.patch_size)
+        self.proj = nn.Conv2d(config.in_chans, config.embed_dim, config.patch_size, config.patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, 3, img, img) -> (B, C, rows, cols) -> (B, rows*cols, C)
 
 
 class VisionTransformer(nn.Module):
     """DeiT / iRPE-DeiT with official state-dict key names; eval-mode distilled output is the heads' mean."""
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, config: ViTConfig) -> None:
         super().__init__()
-        self.cfg = cfg
-        h, w = cfg.grid
-        dim = cfg.embed_dim
-        self.patch_embed = PatchEmbed(cfg)
+        self.cfg = config  # read by the exporter as ``model.cfg``
+        rows, cols = config.grid
+        dim = config.embed_dim
+        self.patch_embed = PatchEmbed(config)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if cfg.distilled else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_prefix_tokens + h * w, dim))
-        rates = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
-        self.blocks = nn.ModuleList(Block(cfg, r) for r in rates)
-        self.norm = nn.LayerNorm(dim, eps=cfg.layer_norm_eps)
-        self.head = nn.Linear(dim, cfg.num_classes)
-        self.head_dist = nn.Linear(dim, cfg.num_classes) if cfg.distilled else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, config.num_prefix_tokens + rows * cols, dim))
+        rates = torch.linspace(0, config.drop_path_rate, config.depth).tolist()
+        self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
+        self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.head = nn.Linear(dim, config.num_classes)
+        self.head_dist = nn.Linear(dim, config.num_classes) if config.distilled else None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -142,24 +159,26 @@ class VisionTransformer(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)
-        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
+        """(B, 3, img, img) images -> (B, N, C) normalized tokens, prefix tokens first."""
+        x = self.patch_embed(x)  # (B, rows*cols, C)
+        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]  # (B, 1, C) each
         if self.dist_token is not None:
             prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
-        x = torch.cat(prefix + [x], dim=1) + self.pos_embed
-        for blk in self.blocks:
-            x = blk(x)
+        x = torch.cat(prefix + [x], dim=1) + self.pos_embed  # (B, N, C)
+        for block in self.blocks:
+            x = block(x)
         return self.norm(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        x = self.forward_features(x)
-        logits = self.head(x[:, 0])
+        """(B, 3, img, img) images -> (B, classes) logits; in training a distilled model returns both heads."""
+        x = self.forward_features(x)  # (B, N, C)
+        logits = self.head(x[:, 0])  # (B, classes)
         if self.head_dist is None:
             return logits
         logits_dist = self.head_dist(x[:, 1])
