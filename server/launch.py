@@ -14,7 +14,7 @@ from irpe.artifact.builtin import resolve_artifact_dir
 from .config import Settings
 from .engines import EngineError
 from .frontend import FrontEndServer
-from .hosting.layout import check_layout, is_plain_artifact, scan
+from .hosting.repository import check_layout, is_plain_artifact, scan
 from .http.protocol import uvicorn_config_kwargs
 from .memory import tune_gc
 from .runtime import announce, configure_logging, raise_open_file_limit

@@ -203,3 +203,44 @@ def test_server_modules_and_functions_stay_small():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 40:
                 big.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}")
     assert not big, "\n".join(big)
+
+
+_VERSION_STATES = {"LOADING", "READY", "UNAVAILABLE", "UNLOADING"}
+
+
+def _state_literals(tree: ast.AST) -> list[ast.Constant]:
+    """String constants naming a version state that are compared, assigned, returned, passed by keyword or
+    put in a dict: states are :class:`~irpe.server.hosting.version.VersionState` members, never text (the
+    members of an Enum class are where the text is defined)."""
+    members = {id(statement) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+               and any(ast.unparse(base).split(".")[-1].endswith("Enum") for base in node.bases)
+               for statement in node.body}
+    found: dict[int, ast.Constant] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            parts = [node.left, *node.comparators]
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.keyword | ast.Return):
+            parts = [] if id(node) in members else [node.value]
+        elif isinstance(node, ast.Dict):
+            parts = list(node.values)
+        else:
+            continue
+        found.update((id(const), const) for part in parts if part is not None for const in ast.walk(part)
+                     if isinstance(const, ast.Constant) and const.value in _VERSION_STATES)
+    return sorted(found.values(), key=lambda const: (const.lineno, const.col_offset))
+
+
+def test_no_version_state_as_a_string_literal_in_server():
+    bad = []
+    for path in sorted((REPO / "server").rglob("*.py")):
+        for const in _state_literals(ast.parse(path.read_text(), filename=str(path))):
+            bad.append(f"{path.relative_to(REPO)}:{const.lineno} {const.value!r}: use VersionState.{const.value}")
+    assert not bad, "\n".join(bad)
+
+
+def test_state_literal_finder_finds_them():
+    code = 'a = "READY"\nif b.state == "LOADING": pass\nc = {"state": "UNAVAILABLE"}\nf(state="UNLOADING")\n' \
+           'x = "READY" in y\nclass VersionState(str, enum.Enum):\n    READY = "READY"\n'
+    assert [const.value for const in _state_literals(ast.parse(code))] == [
+        "READY", "LOADING", "UNAVAILABLE", "UNLOADING", "READY"]
+

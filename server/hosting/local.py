@@ -1,75 +1,51 @@
 """A host that runs its models here: load, warm, swap and unload without dropping a request.
 
 Each loaded model version owns its artifact, engine and :class:`~..batching.Batcher` (its own queue and
-``/v2`` statistics). All batchers share one :class:`InferenceSlots`: at most ``--inference-threads`` engine
-calls run at once, granted first come first served, so a model whose queue is always full takes turns
-with a quiet one instead of starving it. A new version is loaded and warmed before it becomes routable;
-the versions it replaces are announced as leaving (listeners: the engine process tells its front ends),
-then stop taking requests and are drained (requests already holding them finish on them) and dropped,
-after the control lock is released. A load that fails (bad model.json, checksum mismatch, a model.onnx the
-runtime refuses, a failed warm-up, or any error no check foresaw) leaves what was serving in place and the
-index shows the reason. ``--model-control poll`` guards each model: a version that failed is logged once and
-not tried again until its files change, and the models after it are still loaded and retired.
+``/v2`` statistics); all batchers share one :class:`~.loading.InferenceSlots`. A new version is loaded and
+warmed before it becomes routable; the versions it replaces are announced as leaving (listeners: the engine
+process tells its front ends), then stop taking requests and are drained (requests already holding them
+finish on them) and dropped, after the control lock is released. A load that fails (bad model.json,
+checksum mismatch, a model.onnx the runtime refuses, a failed warm-up, or any error no check foresaw)
+leaves what was serving in place and the index shows the reason. ``--model-control poll`` guards each
+model: a version that failed is logged once and not tried again until its files change, and the models
+after it are still loaded and retired.
 """
 
 from __future__ import annotations
 
-import collections
 import gc
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import numpy as np
 
 from irpe.artifact import ArtifactError, load_artifact
 
 from .. import batching
-from ..batching import Batcher
 from ..config import Settings
 from ..engines import EngineError, load_engine, warm_up
 from ..errors import APIError
 from ..metrics import Metrics
-from .host import CatalogEntry, ModelHost, ModelVersion, clip
-from .layout import ModelDir, RepositoryError, scan, signature
+from .host import CatalogEntry, ModelHost
+from .loading import InferenceSlots, RepositoryPoller, log_engine, make_batcher
+from .repository import ModelDir, RepositoryError, scan, signature
+from .version import ModelVersion, VersionState, clip
 
 log = logging.getLogger("irpe.server")
 
 
-class InferenceSlots:
-    """At most ``n`` engine calls at once across every model, granted in arrival order (fair share)."""
-
-    def __init__(self, n: int):
-        self._free = n
-        self._line: collections.deque[object] = collections.deque()
-        self._cond = threading.Condition()
-
-    def wrap(self, run: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-        """``run`` that waits its turn for a slot."""
-        def gated(x: np.ndarray) -> np.ndarray:
-            me = object()
-            with self._cond:
-                self._line.append(me)
-                self._cond.wait_for(lambda: self._free > 0 and self._line[0] is me)
-                self._line.popleft()
-                self._free -= 1
-                self._cond.notify_all()
-            try:
-                return run(x)
-            finally:
-                with self._cond:
-                    self._free += 1
-                    self._cond.notify_all()
-        return gated
-
 class LocalHost(ModelHost):
-    """The models of ``settings.artifact_dir`` (see :mod:`.layout`), run in this process."""
+    """The models of ``settings.artifact_dir`` (see :mod:`.repository`), run in this process."""
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None):
+        """Nothing loaded yet (see :meth:`start`).
+
+        Args:
+            settings: the server's settings (``artifact_dir`` is the repository).
+            metrics: where the per-version series go (a fresh registry when None).
+        """
         super().__init__(settings, metrics)
         self.root = Path(settings.artifact_dir)
         self._roots: tuple[str, ...] | None = None
@@ -78,16 +54,24 @@ class LocalHost(ModelHost):
         self._control = threading.RLock()  # one load / unload / poll at a time
         self._leaving: list[ModelVersion] = []  # retired under the control lock, dropped after it
         self._quiet = False
-        self._poller: threading.Thread | None = None
-        self._stop_poll = threading.Event()
+        self._poller = RepositoryPoller(self.poll, settings.poll_interval_s)
         self._poll_errors: dict[str, str] = {}  # model -> the error its last poll logged (logged once)
 
     def catalog(self) -> dict[str, CatalogEntry]:
-        return {n: CatalogEntry(d.config.policy.to_config(), self.relative(d.error), d.config.max_queue)
-                for n, d in self.dirs.items()}
+        """Every model the last scan found on disk, config errors with paths relative (see the base class)."""
+        return {name: CatalogEntry(model_dir.config.policy.to_config(), self.relative(model_dir.error),
+                                   model_dir.config.max_queue)
+                for name, model_dir in self.dirs.items()}
 
     def relative(self, text: str) -> str:
-        """A reason clients see, with the repository's absolute path taken out (paths inside it relative)."""
+        """A reason clients see, with the repository's absolute path taken out (paths inside it relative).
+
+        Args:
+            text: a message that may name files of the repository.
+
+        Returns:
+            The message without the repository's absolute path.
+        """
         if self._roots is None:  # resolved once (a realpath walk of syscalls)
             self._roots = tuple(dict.fromkeys((str(self.root), str(self.root.resolve()))))
         for root in self._roots:
@@ -95,27 +79,33 @@ class LocalHost(ModelHost):
         return text
 
     def startup_failure(self) -> str:
-        """Why the default model is not serving after the startup warm-up."""
-        reasons = [mv.reason for mv in self.records.get(self.default_name(), {}).values() if mv.reason]
+        """The first reason a version of the default model gives, else "warm-up failed" (see the base class)."""
+        reasons = [model_version.reason for model_version in self.records.get(self.default_name(), {}).values()
+                   if model_version.reason]
         return reasons[0] if reasons else "warm-up failed"
 
     def fatal(self) -> str:
-        if not batching.Batcher.any_thread_died():  # asked per request: no thread has ended, nothing to look up
+        """The default model's inference thread died, or "" (see the base class)."""
+        if not batching.deaths:  # asked per request: no inference thread has ended, nothing to look up
             return ""
-        mv = self.newest(self.default_name()) if self.started else None
-        if mv is not None and mv.batcher is not None and not mv.batcher.alive():
+        newest = self.newest(self.default_name()) if self.started else None
+        if newest is not None and newest.batcher is not None and not newest.batcher.alive():
             return "an inference worker thread stopped (see the server log); restart the server"
         return ""
 
     # ---- lifecycle ----
     def start(self) -> None:
-        """Scan and load every model (explicit with ``--load-model``: those models only), not yet warm;
-        ArtifactError when the default model cannot be loaded (missing files, checksum, GPU fallback...)."""
+        """Scan and load every model (explicit with ``--load-model``: those models only), not yet warm.
+
+        Raises:
+            ArtifactError: the default model cannot be loaded (missing files, checksum, GPU fallback...).
+        """
         self.open(warm=False)
         name = self.default_name()
         tried = self.records.get(name, {})
-        failed = [mv.reason for mv in tried.values() if mv.state == "UNAVAILABLE"]
-        if not tried or failed and not any(mv.engine for mv in tried.values()):
+        failed = [model_version.reason for model_version in tried.values()
+                  if model_version.state == VersionState.UNAVAILABLE]
+        if not tried or (failed and not any(model_version.engine for model_version in tried.values())):
             raise ArtifactError(failed[0] if failed else f"default model {name!r} is not in {self.root} "
                                 f"(models: {sorted(self.dirs)}); fix --default-model")
 
@@ -128,24 +118,28 @@ class LocalHost(ModelHost):
             self.started = True
             self.changed()
         if self.settings.model_control == "poll" and self.newest(self.default_name()) is not None:
-            self._poller = threading.Thread(target=self._poll, name="irpe-repository-poll", daemon=True)
             self._poller.start()
 
-    def _poll(self) -> None:
-        while not self._stop_poll.wait(self.settings.poll_interval_s):
-            try:
-                self.poll()
-            except Exception:  # a repository that cannot be read now: try again next time
-                log.exception("polling the model repository failed")
-
     def control(self, name: str, load: bool) -> None:
-        """``POST /v2/repository/models/{name}/load|unload`` (blocking: run it in a thread)."""
+        """``POST /v2/repository/models/{name}/load|unload`` (blocking: run it in a thread).
+
+        Args:
+            name: the model.
+            load: True to (re)load it from disk, False to unload it.
+
+        Raises:
+            APIError: 503 unless ``--model-control explicit``; 404 for a model the repository lacks; 400 when
+                the load fails (the reason, paths relative).
+        """
         mode = self.settings.model_control
         if mode != "explicit":  # Triton's answer (and words) whenever the repository is not explicit
             raise APIError(503, "unsupported", "explicit model load / unload is not allowed if polling is enabled "
                            f"(--model-control {mode}; restart with --model-control explicit)")
         try:
-            self.load(name) if load else self.unload(name)
+            if load:
+                self.load(name)
+            else:
+                self.unload(name)
         except KeyError:
             if not load:
                 return  # unloading what is not there: nothing to do (Triton: 200)
@@ -155,14 +149,12 @@ class LocalHost(ModelHost):
             raise APIError(400, "load_failed", self.relative(str(e))) from None
 
     def shutdown(self, timeout: float) -> None:
-        """Stop polling, then drain every batcher (queued images still run)."""
-        self._stop_poll.set()
-        if self._poller is not None:
-            self._poller.join(timeout)
-        for vs in self.records.values():
-            for mv in vs.values():
-                if mv.batcher is not None:
-                    mv.batcher.stop(drain=True, timeout=timeout)
+        """Stop polling, then drain every batcher: queued images still run (see the base class)."""
+        self._poller.stop(timeout)
+        for versions in self.records.values():
+            for model_version in versions.values():
+                if model_version.batcher is not None:
+                    model_version.batcher.stop(drain=True, timeout=timeout)
 
     # ---- control (worker threads) ----
     @contextmanager
@@ -175,22 +167,30 @@ class LocalHost(ModelHost):
                 try:
                     yield
                 finally:
-                    leaving, self._leaving = self._leaving, []
+                    leaving = self._leaving
+                    self._leaving = []
         finally:
             if leaving:
                 self.changed(leaving)  # the engine process: front ends stop routing to them first
-                for mv in leaving:
-                    self._drop(mv)
+                for model_version in leaving:
+                    self._drop(model_version)
             self.changed()
 
     def open(self, warm: bool = False) -> None:
-        """Scan and load every model (explicit with ``--load-model``: those models only)."""
+        """Scan and load every model (explicit with ``--load-model``: those models only).
+
+        Args:
+            warm: warm each version as it loads (False: :meth:`warm_all` does it later).
+
+        Raises:
+            RepositoryError: the repository cannot be read.
+        """
         startup = self.settings.startup_models()
         with self._controlled():
             self.dirs = scan(self.root)
             self._quiet = True  # the default model's failure stops startup with its own one-line message
             try:
-                for name in self.dirs if startup is None else [n for n in self.dirs if n in startup]:
+                for name in self.dirs if startup is None else [name for name in self.dirs if name in startup]:
                     failed = self._sync(name, warm)
                     if failed and name != self.default_name():
                         log.error("model %s version %d not loaded: %s", name, failed.version, failed.reason)
@@ -200,16 +200,26 @@ class LocalHost(ModelHost):
     def warm_all(self) -> None:
         """Warm and start every version loaded by :meth:`open` (``warm=False``)."""
         with self._controlled():
-            for vs in list(self.records.values()):
-                for mv in list(vs.values()):
-                    if mv.state == "LOADING" and mv.batcher is not None:
-                        self._activate(mv)
+            for versions in list(self.records.values()):
+                for model_version in list(versions.values()):
+                    if model_version.state == VersionState.LOADING and model_version.batcher is not None:
+                        self._activate(model_version)
             for name in list(self.records):
                 self._retire_replaced(name)
 
     def load(self, name: str) -> ModelVersion | None:
-        """(Re)load ``name`` from disk per its version policy; RepositoryError (400) when it fails, or
-        KeyError (404 from the route) when no such model is in the repository."""
+        """(Re)load ``name`` from disk per its version policy.
+
+        Args:
+            name: the model.
+
+        Returns:
+            Its newest READY version (None when none is).
+
+        Raises:
+            RepositoryError: a version failed to load (400 from the route).
+            KeyError: no such model is in the repository (404 from the route).
+        """
         with self._controlled():
             self.dirs = scan(self.root)
             if name not in self.dirs:
@@ -220,17 +230,28 @@ class LocalHost(ModelHost):
         return self.newest(name)
 
     def unload(self, name: str) -> None:
-        """Stop routing to every version of ``name``, drain them and free their engines."""
+        """Stop routing to every version of ``name``, drain them and free their engines.
+
+        Args:
+            name: the model.
+
+        Raises:
+            KeyError: neither loaded nor in the repository.
+        """
         with self._controlled():
             if name not in self.records and name not in self.dirs:
                 raise KeyError(name)
-            for mv in list(self.records.get(name, {}).values()):
-                self._retire(mv)
+            for model_version in list(self.records.get(name, {}).values()):
+                self._retire(model_version)
 
     def poll(self) -> None:
         """Rescan: load new or rewritten versions, unload removed ones (``--model-control poll``). Each model
         is guarded: one that fails in a way no check foresaw is logged (once while the error stays the same)
-        and the models after it are still polled."""
+        and the models after it are still polled.
+
+        Raises:
+            RepositoryError: the repository cannot be read.
+        """
         with self._controlled():
             self.dirs = scan(self.root)
             for name in sorted(set(self.dirs) | set(self.records)):
@@ -249,43 +270,42 @@ class LocalHost(ModelHost):
     def _poll_model(self, name: str) -> str:
         """Load, retire or leave ``name`` as its files now say; the config error it has ("" if none)."""
         if name not in self.dirs:
-            for mv in list(self.records.get(name, {}).values()):
-                self._retire(mv)
+            for model_version in list(self.records.get(name, {}).values()):
+                self._retire(model_version)
             return ""
-        d = self.dirs[name]
-        if d.error:  # a config.json that cannot be read: the index says why; logged when the reason changes
-            if self._poll_errors.get(name) != d.error:
-                self._failed(ModelVersion(name, 0, self.root / name), d.error)
-            return d.error
+        model_dir = self.dirs[name]
+        if model_dir.error:  # a config.json that cannot be read: the index says why; logged when it changes
+            if self._poll_errors.get(name) != model_dir.error:
+                self._failed(ModelVersion(name, 0, self.root / name), model_dir.error)
+            return model_dir.error
         self._sync(name, warm=True, retry_failed=False)
         return ""
 
     def _sync(self, name: str, warm: bool, retry_failed: bool = True) -> ModelVersion | None:
         """Load what the policy wants and is not loaded (or changed on disk); retire what it no longer wants
         once every wanted version is READY. Returns the first version that failed, if any."""
-        d = self.dirs[name]
-        if d.error:
-            return self._failed(ModelVersion(name, 0, self.root / name), d.error)
+        model_dir = self.dirs[name]
+        if model_dir.error:
+            return self._failed(ModelVersion(name, 0, self.root / name), model_dir.error)
         tried = self.records.setdefault(name, {})
         failed = None
-        for v in d.config.policy.select(list(d.versions)):
-            sig = signature(d.versions[v])
-            old = tried.get(v)
-            if _current(old, sig, retry_failed):
+        for number in model_dir.config.policy.select(list(model_dir.versions)):
+            on_disk = signature(model_dir.versions[number])
+            old = tried.get(number)
+            if old is not None and old.is_current(on_disk, retry_failed):
                 continue
-            mv = self._build(name, v, d.versions[v], sig)
-            if mv.state == "LOADING" and warm:
-                self._activate(mv)
-            if mv.state == "UNAVAILABLE":
-                failed = failed or mv
+            model_version = self._build(name, number, model_dir.versions[number], on_disk)
+            if model_version.state == VersionState.LOADING and warm:
+                self._activate(model_version)
+            if model_version.state == VersionState.UNAVAILABLE:
+                failed = failed or model_version
                 if old is None or not old.ready:
-                    tried[v] = mv
+                    tried[number] = model_version
                 else:  # a version rewritten badly in place: the old one keeps serving, the index says why
-                    old.reason, old.rejected = (f"the files now on disk failed to load ({mv.reason}); the version "
-                                                "loaded before keeps serving"), sig
+                    old.reject_rewrite(model_version)
                 continue
-            with self._route:
-                tried[v] = mv  # routable before the version it replaces stops taking requests
+            with self._table_lock:
+                tried[number] = model_version  # routable before the version it replaces stops taking requests
             if old is not None and old.ready:
                 self._retire(old)
         if warm:
@@ -293,94 +313,86 @@ class LocalHost(ModelHost):
         return failed
 
     def _retire_replaced(self, name: str) -> None:
-        wanted = set(self.dirs[name].config.policy.select(list(self.dirs[name].versions))) if name in self.dirs \
-            else set()
+        """Retire the READY versions of ``name`` its policy no longer wants, once every wanted one is READY."""
+        model_dir = self.dirs.get(name)
+        wanted = set(model_dir.config.policy.select(list(model_dir.versions))) if model_dir else set()
         tried = self.records.get(name, {})
-        if all(tried.get(v) is not None and tried[v].ready and not tried[v].leaving for v in wanted):
-            for v, mv in list(tried.items()):
-                if v not in wanted and mv.ready:
-                    self._retire(mv)
+        if all(tried.get(number) is not None and tried[number].ready and not tried[number].leaving
+               for number in wanted):
+            for number, model_version in list(tried.items()):
+                if number not in wanted and model_version.ready:
+                    self._retire(model_version)
 
-    def _failed(self, mv: ModelVersion, reason: str) -> ModelVersion:
-        mv.state, mv.reason, mv.engine, mv.batcher = "UNAVAILABLE", self.relative(reason), None, None
+    def _failed(self, model_version: ModelVersion, reason: str) -> ModelVersion:
+        """``model_version`` failed to load or warm up: UNAVAILABLE with ``reason`` (paths relative), logged."""
+        model_version.mark_unavailable(self.relative(reason))
+        model_version.engine = None
+        model_version.batcher = None
         if not self._quiet:
-            log.error("model %s version %d not loaded: %s", mv.name, mv.version, reason)
-        return mv
+            log.error("model %s version %d not loaded: %s", model_version.name, model_version.version, reason)
+        return model_version
 
-    def _build(self, name: str, version: int, path: Path, sig: tuple) -> ModelVersion:
+    def _build(self, name: str, version: int, path: Path, on_disk: tuple) -> ModelVersion:
         """Read model.json (checksums verified), build the engine and the batcher; not yet warm."""
-        mv = ModelVersion(name, version, path, signature=sig)
-        s = self.settings
+        model_version = ModelVersion(name, version, path, signature=on_disk)
+        settings = self.settings
         try:
-            mv.art = load_artifact(path)
-            mv.engine = load_engine(path, mv.art, backend=s.backend, device=s.device, threads=s.resolved_threads(),
-                                    max_batch=s.resolved_max_batch(), precision=s.precision,
-                                    streams=s.resolved_inference_threads(), solo_threads=s.resolved_solo_threads())
+            model_version.art = load_artifact(path)
+            model_version.engine = load_engine(
+                path, model_version.art, backend=settings.backend, device=settings.device,
+                threads=settings.resolved_threads(), max_batch=settings.resolved_max_batch(),
+                precision=settings.precision, streams=settings.resolved_inference_threads(),
+                solo_threads=settings.resolved_solo_threads())
         except (ArtifactError, EngineError, OSError) as e:
-            return self._failed(mv, str(e))
+            return self._failed(model_version, str(e))
         except Exception as e:  # a file no check foresaw: this version fails (once), the other models still load
             log.debug("loading model %s version %d raised", name, version, exc_info=True)
-            return self._failed(mv, f"loading it raised {type(e).__name__} ({str(e)[:200]}); fix or re-export "
-                                "the artifact")
-        d = self.dirs.get(name)
-        info = mv.info = mv.engine.info
-        solo = getattr(mv.engine, "run_solo", None)
-        mv.batcher = Batcher(self.slots.wrap(mv.engine.run), sizes=info.batch_sizes, max_wait_ms=s.max_wait_ms,
-                             max_queue=(d.config.max_queue if d else 0) or s.max_queue, metrics=self.metrics,
-                             workers=s.resolved_inference_threads(), solo=solo and self.slots.wrap(solo))
-        log.info("model %s version %d: backend %s (%s) on %s, providers in use %s%s, batch sizes %s, %d inference "
-                 "thread(s) x %d intra-op thread(s)", name, version, info.backend, info.precision, info.device,
-                 info.providers, f", custom ops {info.custom_ops}" if info.custom_ops else "", info.batch_sizes,
-                 s.resolved_inference_threads(), s.resolved_threads())
-        return mv
+            return self._failed(model_version, f"loading it raised {type(e).__name__} ({str(e)[:200]}); fix or "
+                                "re-export the artifact")
+        model_dir = self.dirs.get(name)
+        model_version.info = model_version.engine.info
+        model_version.batcher = make_batcher(model_version.engine, settings, self.slots, self.metrics,
+                                             max_queue=model_dir.config.max_queue if model_dir else 0)
+        log_engine(model_version, settings)
+        return model_version
 
-    def _activate(self, mv: ModelVersion) -> None:
+    def _activate(self, model_version: ModelVersion) -> None:
         """Warm every batch size, start the batcher, make it routable."""
-        assert mv.engine is not None and mv.art is not None and mv.batcher is not None
+        assert model_version.engine is not None and model_version.art is not None
+        assert model_version.batcher is not None
         try:
-            took = warm_up(mv.engine, mv.art)
+            took = warm_up(model_version.engine, model_version.art)
         except Exception as e:  # a model that loads but cannot run
-            self._failed(mv, f"warm-up failed: {e}")
+            self._failed(model_version, f"warm-up failed: {e}")
             return
-        mv.batcher.start()
-        with self._route:
-            mv.state = "READY"
-        self.labeled.ready.labels(mv.name, str(mv.version)).set(1)
-        log.info("model %s version %d ready (warm-up %.2fs)", mv.name, mv.version, took)
+        model_version.batcher.start()
+        with self._table_lock:
+            model_version.mark_ready()
+        self.labeled.ready.labels(model_version.name, str(model_version.version)).set(1)
+        log.info("model %s version %d ready (warm-up %.2fs)", model_version.name, model_version.version, took)
 
-    def _retire(self, mv: ModelVersion) -> None:
+    def _retire(self, model_version: ModelVersion) -> None:
         """Under the control lock: announced as leaving; dropped once the lock is released (:meth:`_drop`)."""
-        if mv.leaving:
+        if model_version.leaving:
             return
-        if not mv.ready and mv.engine is None:
-            with self._route:
-                mv.state, mv.reason = "UNAVAILABLE", "unloaded"
+        if not model_version.ready and model_version.engine is None:
+            with self._table_lock:
+                model_version.mark_unloaded()
             return
-        mv.leaving = True
-        self._leaving.append(mv)
+        model_version.leaving = True
+        self._leaving.append(model_version)
 
-    def _drop(self, mv: ModelVersion) -> None:
+    def _drop(self, model_version: ModelVersion) -> None:
         """Unroutable at once; requests holding it finish on it; then its batcher drains (and stays, stopped:
         a late request gets 503, never another version) and the engine goes."""
-        with self._route:
-            mv.state, mv.reason = "UNAVAILABLE", "unloaded"
-        deadline = time.monotonic() + self.settings.timeout_s
-        while mv.users and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if mv.batcher is not None:
-            mv.batcher.stop(drain=True, timeout=self.settings.timeout_s)
-        mv.engine = None
-        self.labeled.ready.labels(mv.name, str(mv.version)).set(0)
-        self.labeled.depth.labels(mv.name, str(mv.version)).set(0)
+        with self._table_lock:
+            model_version.mark_unloaded()
+        self.wait_unused(model_version, self.settings.timeout_s)
+        if model_version.batcher is not None:
+            model_version.batcher.stop(drain=True, timeout=self.settings.timeout_s)
+        model_version.engine = None
+        self.labeled.ready.labels(model_version.name, str(model_version.version)).set(0)
+        self.labeled.depth.labels(model_version.name, str(model_version.version)).set(0)
         gc.collect(0)  # the engine goes by refcount; a full collection would hold the GIL ~50 ms
-        log.info("model %s version %d unloaded", mv.name, mv.version)
+        log.info("model %s version %d unloaded", model_version.name, model_version.version)
 
-
-def _current(old: ModelVersion | None, sig: tuple, retry_failed: bool) -> bool:
-    """Nothing to load: ``old`` is loaded from the files on disk (``sig``), or failed on them and a poll
-    does not retry them (a failed load, or a failed rewrite in place while the old version serves)."""
-    if old is None or old.leaving:
-        return False
-    if old.signature == sig:
-        return old.ready or not retry_failed and old.reason != "unloaded"
-    return not retry_failed and old.ready and old.rejected == sig

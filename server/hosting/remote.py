@@ -24,7 +24,8 @@ from ..config import Settings
 from ..engines.base import EngineInfo
 from ..errors import APIError
 from ..metrics import Metrics
-from .host import CatalogEntry, ModelHost, ModelVersion
+from .host import CatalogEntry, ModelHost
+from .version import ModelVersion
 
 log = logging.getLogger("irpe.server")
 CONTROL_TIMEOUT_S = 600.0  # a load builds and warms an engine in the engine process
@@ -51,6 +52,13 @@ class RemoteHost(ModelHost):
     """The versions the engine process serves, as its last status says (see the module docstring)."""
 
     def __init__(self, settings: Settings, link: Channel, metrics: Metrics | None = None):
+        """An empty table until the engine's first status.
+
+        Args:
+            settings: the server's settings.
+            link: the channel to the engine process (its statuses call :meth:`apply`).
+            metrics: where the per-version series go (a fresh registry when None).
+        """
         super().__init__(settings, metrics)
         self.link = link
         link.on_status = self.apply
@@ -61,19 +69,23 @@ class RemoteHost(ModelHost):
         self._apply = threading.Lock()
 
     def catalog(self) -> dict[str, CatalogEntry]:
+        """The repository's models as the engine's last status lists them (see the base class)."""
         return self._catalog
 
     def default_name(self) -> str:
+        """The engine's default model (see the base class)."""
         return self._default or super().default_name()
 
     def index(self) -> list[dict[str, str]]:
-        """The engine's repository index (every version tried there, with the reason)."""
+        """The engine's repository index: every version tried there, with the reason (see the base class)."""
         return list(self._index)
 
     def startup_failure(self) -> str:
+        """Why the engine process did not come up (see the base class)."""
         return self.failure or "the engine process stopped"
 
     def fatal(self) -> str:
+        """The engine process stopped, or "" (see the base class)."""
         return "the engine process stopped (see the server log); the server is exiting" if self.link.gone else ""
 
     def start(self) -> None:
@@ -95,50 +107,71 @@ class RemoteHost(ModelHost):
             self.failure = status.get("failure") or "the engine process stopped"
 
     def control(self, name: str, load: bool) -> None:
-        """``POST /v2/repository/models/{name}/load|unload``: done by the engine process (blocking)."""
+        """``POST /v2/repository/models/{name}/load|unload``: done by the engine process (blocking).
+
+        Args:
+            name: the model.
+            load: True to (re)load it, False to unload it.
+
+        Raises:
+            APIError: 503 when the engine process cannot be reached; the engine's own answer otherwise.
+        """
         try:
             self.link.control(name, load, CONTROL_TIMEOUT_S)
         except (OSError, BatcherStoppedError) as e:
             raise APIError(503, "not_ready", f"the engine process is not reachable ({e})") from None
 
     def shutdown(self, timeout: float) -> None:
-        """Wait for the engine's answers to what was handed over, then hang up."""
+        """Wait for the engine's answers to what was handed over, then hang up (see the base class)."""
         self.link.stop(drain=True, timeout=timeout)
 
     def apply(self, head: dict[str, Any]) -> None:
-        """Route to exactly the versions the engine serves (the link's reader thread)."""
+        """Route to exactly the versions the engine serves (the link's reader thread).
+
+        Args:
+            head: the engine's status, whose ``table`` holds the default model, the catalog, the index and
+                every READY version (name, number, path, signature, model.json, engine facts).
+        """
         table = head["table"]
         with self._apply:
             self._default = table["default"]
-            self._catalog = {n: CatalogEntry(p, e, q) for n, (p, e, q) in table["catalog"].items()}
+            self._catalog = {name: CatalogEntry(policy, error, max_queue)
+                             for name, (policy, error, max_queue) in table["catalog"].items()}
             self._index = table["index"]
-            want = {(n, int(v)): rest for n, v, *rest in table["versions"]}
-            for (name, v), (path, sig, art, info) in want.items():
-                sig = tuple(tuple(f) for f in sig)
-                old = self.records.get(name, {}).get(v)
-                if old is None or not old.ready or old.signature != sig:
-                    mv = self._build(name, v, Path(path), sig, art, info)
-                    with self._route:
-                        self.records.setdefault(name, {})[v] = mv
-            for (name, v), mv in [((n, v), mv) for n, vs in self.records.items() for v, mv in vs.items()]:
-                if mv.ready and (name, v) not in want:
-                    with self._route:
-                        mv.state, mv.reason = "UNAVAILABLE", "unloaded"
-                    self.labeled.ready.labels(name, str(v)).set(0)
+            wanted = {(name, int(number)): rest for name, number, *rest in table["versions"]}
+            for (name, number), (path, files, artifact, info) in wanted.items():
+                on_disk = tuple(tuple(file) for file in files)
+                old = self.records.get(name, {}).get(number)
+                if old is None or not old.ready or old.signature != on_disk:
+                    model_version = self._build(name, number, Path(path), on_disk, artifact, info)
+                    with self._table_lock:
+                        self.records.setdefault(name, {})[number] = model_version
+            self._unload_unwanted(wanted)
         self.changed()
 
-    def _build(self, name: str, version: int, path: Path, sig: tuple, art: dict[str, Any],
+    def _unload_unwanted(self, wanted: dict[tuple[str, int], Any]) -> None:
+        """Mark unloaded every READY version the engine no longer serves."""
+        for name, versions in list(self.records.items()):
+            for number, model_version in list(versions.items()):
+                if model_version.ready and (name, number) not in wanted:
+                    with self._table_lock:
+                        model_version.mark_unloaded()
+                    self.labeled.ready.labels(name, str(number)).set(0)
+
+    def _build(self, name: str, version: int, path: Path, on_disk: tuple, artifact: dict[str, Any],
                info: dict[str, Any]) -> ModelVersion:
-        mv = ModelVersion(name, version, path, signature=sig)
+        """A READY version from the engine's row, its batcher over the link (UNAVAILABLE when the model.json
+        sent does not parse)."""
+        model_version = ModelVersion(name, version, path, signature=on_disk)
         try:
-            mv.art = ModelArtifact.from_dict(art, source=f"the engine's {name} version {version}")
+            model_version.art = ModelArtifact.from_dict(artifact, source=f"the engine's {name} version {version}")
         except ArtifactError as e:
-            mv.state, mv.reason = "UNAVAILABLE", str(e)
-            return mv
-        mv.info = EngineInfo(**info)
+            model_version.mark_unavailable(str(e))
+            return model_version
+        model_version.info = EngineInfo(**info)
         entry = self._catalog.get(name)
-        mv.batcher = self.link.batcher(name, version, mv.art.preprocess.crop,
-                                       (entry.max_queue if entry else 0) or self.settings.max_queue)
-        mv.state = "READY"
+        model_version.batcher = self.link.batcher(name, version, model_version.art.preprocess.crop,
+                                                  (entry.max_queue if entry else 0) or self.settings.max_queue)
+        model_version.mark_ready()
         self.labeled.ready.labels(name, str(version)).set(1)  # per process: this front end routes to it
-        return mv
+        return model_version

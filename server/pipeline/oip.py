@@ -19,7 +19,7 @@ import irpe
 from irpe.artifact import ModelArtifact
 
 from ..errors import APIError
-from ..hosting.host import ModelVersion
+from ..hosting.version import ModelVersion, VersionState
 from .service import Service
 from .sysshm import OwnedRegions
 
@@ -151,7 +151,7 @@ def model_ready(service: Service, name: str, version: str | None = None) -> bool
 
 def repository_index(service: Service, ready_only: bool = False) -> list[dict[str, str]]:
     """Triton's model repository index: every model and version, its state and the reason."""
-    return [e for e in service.host.index() if not ready_only or e.get("state") == "READY"]
+    return [row for row in service.host.index() if not ready_only or row.get("state") == VersionState.READY]
 
 
 def random_id(bits: int = 128) -> str:

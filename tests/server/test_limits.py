@@ -18,7 +18,7 @@ from PIL import Image
 from irpe.server.batching import Batcher
 from irpe.server.config import Settings, cgroup_cpu_quota, is_loopback
 from irpe.server.errors import APIError
-from irpe.server.hosting.host import ModelVersion
+from irpe.server.hosting.version import ModelVersion, VersionState
 from irpe.server.http.protocol import protocol_factory
 from irpe.server.pipeline.decode import PixelBudget, _sixteen_to_l, jpeg_scans
 from irpe.server.pipeline.service import Service, local_service
@@ -137,7 +137,7 @@ def _ready_state(batcher: Batcher | None = None, **settings: object) -> Service:
     """A ready service whose default model (one version) queues on ``batcher``."""
     state = local_service(Settings(**settings))  # type: ignore[arg-type]
     batcher = batcher or Batcher(lambda x: x, sizes=[1], max_wait_ms=1, max_queue=8)
-    state.host.records["m"] = {1: ModelVersion("m", 1, Path("."), batcher=batcher, state="READY")}
+    state.host.records["m"] = {1: ModelVersion("m", 1, Path("."), batcher=batcher, state=VersionState.READY)}
     state.host.started, state.ready = True, True
     return state
 

@@ -1,4 +1,5 @@
-"""The repository layout on disk (server/hosting/layout.py) and the fair inference slots (server/hosting/local.py)."""
+"""The model repository on disk (server/hosting/repository.py) and the fair inference slots
+(server/hosting/loading.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irpe.server.hosting.host import ModelVersion
-from irpe.server.hosting.layout import RepositoryError, VersionPolicy, check_layout, read_config, scan
-from irpe.server.hosting.local import InferenceSlots
+from irpe.server.hosting.loading import InferenceSlots
+from irpe.server.hosting.repository import RepositoryError, VersionPolicy, check_layout, read_config, scan
+from irpe.server.hosting.version import ModelVersion
 from tests.server.helpers import make_artifact
 
 
@@ -82,11 +83,12 @@ def test_a_busy_model_does_not_starve_another() -> None:
     assert order.index("b") - before <= 2, order
 
 
-def _kill_inference_thread(mv: ModelVersion) -> None:
-    """End ``mv``'s only inference thread by an error outside the engine call (a result of the wrong length)."""
+def _kill_inference_thread(model_version: ModelVersion) -> None:
+    """End the only inference thread of ``model_version`` by an error outside the engine call (a result of
+    the wrong length)."""
     import asyncio
 
-    batcher = mv.batcher
+    batcher = model_version.batcher
     assert batcher is not None
     batcher._run = batcher._solo = lambda x: np.zeros((0, 10), np.float32)  # IndexError in the thread
 
@@ -111,8 +113,8 @@ def test_a_dead_inference_thread_of_the_default_model_turns_the_server_unready(t
     state.warm()
     try:
         assert state.ready
-        with state.use("a") as mv:
-            _kill_inference_thread(mv)
+        with state.use("a") as model_version:
+            _kill_inference_thread(model_version)
         with pytest.raises(APIError) as e, state.use("a"):
             pass
         assert e.value.status == 503 and not state.ready and "restart the server" in state.failure
@@ -132,8 +134,8 @@ def test_a_dead_inference_thread_makes_only_its_model_unavailable(tmp_path: Path
     state.load()
     state.warm()
     try:
-        with state.use("b") as mv:
-            _kill_inference_thread(mv)
+        with state.use("b") as model_version:
+            _kill_inference_thread(model_version)
         for _ in range(2):  # the first request finds it, the next one is refused by the lookup
             with pytest.raises(APIError) as e, state.use("b"):
                 pass
