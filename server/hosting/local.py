@@ -86,7 +86,7 @@ class LocalHost(ModelHost):
 
     def fatal(self) -> str:
         """The default model's inference thread died, or "" (see the base class)."""
-        if not batching.deaths:  # asked per request: no inference thread has ended, nothing to look up
+        if not batching.Batcher.any_thread_died():  # asked per request: no thread has ended, nothing to look up
             return ""
         newest = self.newest(self.default_name()) if self.started else None
         if newest is not None and newest.batcher is not None and not newest.batcher.alive():
