@@ -17,6 +17,8 @@ as a kINT32 field of length 1 (onnx-tensorrt ``loadFields``), whose ``.data`` is
 (tensorrt/plugin/_lib.py), which NumPy 2.4 (installed here) rejects for 1-D arrays; arrays use ``f.data.astype``.
 """
 
+import functools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -25,7 +27,6 @@ from .ops import BUCKET_SUM_OP, PLUGIN_NAMESPACE, RPE_INDEX_OP, plugin_id
 MIN_TENSORRT = (10, 9)  # first release with aot_impl (10.8's tensorrt.plugin has none)
 MAX_TENSORRT = (12, 0)  # exclusive: 10.9 .. 11.x are exercised by tests/plugins/test_tensorrt_plugin.py
 TENSORRT_PIP = "tensorrt-cu12>=10.9,<12"  # as the Dockerfile installs it
-_registered = False
 
 
 class TensorRTUnavailable(RuntimeError):
@@ -168,12 +169,10 @@ def _define_bucket_sum(trt, trtp) -> None:
         return ck.kernel_name.encode(), ck.ptx.encode(), params, extra
 
 
+@functools.cache
 def register() -> None:
-    """Register both plugins in TensorRT's plugin registry (idempotent); raises TensorRTUnavailable."""
-    global _registered
-    if _registered:
-        return
+    """Register both plugins in TensorRT's plugin registry (idempotent: the first call that succeeds registers,
+    later calls return at once; ``register.cache_clear()`` forgets it); raises TensorRTUnavailable."""
     trt, trtp = import_tensorrt(f"registering the {PLUGIN_NAMESPACE}:: TensorRT plugins")
     _define_rpe_index(trt, trtp)
     _define_bucket_sum(trt, trtp)
-    _registered = True

@@ -244,3 +244,12 @@ def test_state_literal_finder_finds_them():
     assert [const.value for const in _state_literals(ast.parse(code))] == [
         "READY", "LOADING", "UNAVAILABLE", "UNLOADING", "READY"]
 
+
+def test_no_global_statement_in_the_package():
+    bad = []
+    for folder in sorted(set(_package_dirs().values())):
+        for path in sorted(folder.rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            bad += [f"{path.relative_to(REPO)}:{node.lineno} global {', '.join(node.names)}"
+                    for node in ast.walk(tree) if isinstance(node, ast.Global)]
+    assert not bad, "module state belongs in an object (a class attribute, a cached factory):\n" + "\n".join(bad)

@@ -69,7 +69,7 @@ def tensorrt_standin(version: str):
     root = str(plugin_package(version))
     _purge()
     sys.path.insert(0, root)
-    tensorrt_plugin._registered = False
+    tensorrt_plugin.register.cache_clear()
     try:
         import tensorrt as trt
         import tensorrt.plugin as trtp
@@ -79,7 +79,7 @@ def tensorrt_standin(version: str):
     finally:
         sys.path.remove(root)
         _purge()
-        tensorrt_plugin._registered = False
+        tensorrt_plugin.register.cache_clear()
 
 
 def _attr_value(attr: Any) -> tuple[Any, str]:
