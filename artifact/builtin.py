@@ -13,7 +13,18 @@ BUILTINS = ("digits",)
 
 
 def builtin_artifact(name: str) -> Path:
-    """The directory of the shipped artifact ``name``; ValueError naming the choices otherwise."""
+    """The directory of an artifact shipped inside the package.
+
+    Args:
+        name: one of :data:`BUILTINS`.
+
+    Returns:
+        The artifact directory.
+
+    Raises:
+        ValueError: ``name`` is not a builtin (the choices are named).
+        FileNotFoundError: the installation lacks the artifact's model.json.
+    """
     if name not in BUILTINS:
         raise ValueError(f"{name!r} is not a builtin artifact; choose one of {', '.join(BUILTINS)} "
                          "or pass a directory written by `irpe export`")
@@ -25,7 +36,17 @@ def builtin_artifact(name: str) -> Path:
 
 
 def resolve_artifact_dir(spec: str | Path) -> Path:
-    """``spec`` as a directory, or the builtin artifact it names when no such directory exists."""
+    """The artifact directory ``spec`` means.
+
+    Args:
+        spec: a directory, or the name of a builtin artifact.
+
+    Returns:
+        ``spec`` as a path, or the builtin's directory when ``spec`` names one and no such path exists.
+
+    Raises:
+        FileNotFoundError: ``spec`` names a builtin that the installation lacks.
+    """
     path = Path(spec)
     if str(spec) in BUILTINS and not path.exists():
         return builtin_artifact(str(spec))

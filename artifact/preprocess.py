@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from .resample import lookup, resize_crop, resized_size
-from .schema import Preprocess
+from .schema import Interpolation, InvertMode, Preprocess
 
 _RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
 INK_SPREAD = 5.0  # fit="ink": side of the fitted square in standard deviations of the ink
@@ -16,7 +16,7 @@ _INK_FLOOR = 0.2  # fit="ink": ink strength below this is ignored by the moments
 _MIN_CONTRAST = 12.0  # fit="ink": below this luminance difference (0..255) the image counts as blank
 
 
-def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Image:
+def resize_shorter(img: Image.Image, size: int, interpolation: Interpolation) -> Image.Image:
     """Resize so the shorter side is ``size`` (torchvision's Resize(int) rounding)."""
     new = resized_size(*img.size, size)
     return img if new == img.size else img.resize(new, _RESAMPLE[interpolation])
@@ -25,7 +25,7 @@ def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Ima
 def center_crop(img: Image.Image, size: int) -> Image.Image:
     """Center crop to size x size (torchvision's CenterCrop rounding; zero padding when too small)."""
     w, h = img.size
-    if size > w or size > h:  # torchvision pads left/top (c - s) // 2, right/bottom (c - s + 1) // 2
+    if size > w or size > h:  # torchvision pads left/top (crop - side) // 2, right/bottom (crop - side + 1) // 2
         left, top = max(size - w, 0) // 2, max(size - h, 0) // 2
         canvas = Image.new(img.mode, (w + max(size - w, 0), h + max(size - h, 0)))
         canvas.paste(img, (left, top))
@@ -35,7 +35,7 @@ def center_crop(img: Image.Image, size: int) -> Image.Image:
     return img.crop((left, top, left + size, top + size))
 
 
-def _maybe_invert(arr: np.ndarray, mode: str) -> np.ndarray:
+def _maybe_invert(arr: np.ndarray, mode: InvertMode) -> np.ndarray:
     if mode == "always":
         return 1.0 - arr
     if mode == "auto":
@@ -50,18 +50,18 @@ def _maybe_invert(arr: np.ndarray, mode: str) -> np.ndarray:
 @functools.lru_cache(maxsize=16)
 def _table(mean: tuple[float, ...], std: tuple[float, ...], invert: bool) -> np.ndarray:
     """(3, 256) float32: every uint8 value through the exact float32 ops of the reference path."""
-    v = np.arange(256, dtype=np.float32) / np.float32(255.0)
+    values = np.arange(256, dtype=np.float32) / np.float32(255.0)
     if invert:
-        v = np.float32(1.0) - v
-    m = np.asarray(mean, dtype=np.float32)[:, None]
-    s = np.asarray(std, dtype=np.float32)[:, None]
-    return np.ascontiguousarray((v[None, :] - m) / s, dtype=np.float32)
+        values = np.float32(1.0) - values
+    mean_column = np.asarray(mean, dtype=np.float32)[:, None]
+    std_column = np.asarray(std, dtype=np.float32)[:, None]
+    return np.ascontiguousarray((values[None, :] - mean_column) / std_column, dtype=np.float32)
 
 
-def _normalise_lut(u8: np.ndarray, pp: Preprocess) -> np.ndarray:
-    """Table lookup per channel: bit-identical to scale/invert/normalise, about 3x cheaper."""
-    table = _table(tuple(pp.mean), tuple(pp.std), pp.invert == "always")
-    fast = lookup(u8, table)  # the same lookup in one C pass (~4x cheaper again)
+def _normalise_lut(u8: np.ndarray, preprocess: Preprocess) -> np.ndarray:
+    """Table lookup per channel: bit-identical to scale/invert/normalise, and cheaper than the arithmetic."""
+    table = _table(tuple(preprocess.mean), tuple(preprocess.std), preprocess.invert == "always")
+    fast = lookup(u8, table)  # the same lookup in one C pass, cheaper again
     if fast is not None:
         return fast
     out = np.empty((3, *u8.shape[:2]), dtype=np.float32)
@@ -70,30 +70,30 @@ def _normalise_lut(u8: np.ndarray, pp: Preprocess) -> np.ndarray:
     return out
 
 
-def crop_uint8(img: Image.Image, pp: Preprocess, accelerated: bool = True) -> np.ndarray:
+def crop_uint8(img: Image.Image, preprocess: Preprocess, accelerated: bool = True) -> np.ndarray:
     """Decoded image -> (crop, crop, 3) uint8 after colour conversion, resize and center crop.
 
     ``accelerated`` uses :func:`irpe.artifact.resample.resize_crop` where it applies (same pixels as
     Pillow, computed only for the crop); ``False`` always runs Pillow's resize and crop.
     """
-    if pp.grayscale:
+    if preprocess.grayscale:
         img = img.convert("L").convert("RGB")
     elif img.mode != "RGB":
         img = img.convert("RGB")
-    fast = resize_crop(img, pp.resize, pp.crop, pp.interpolation) if accelerated else None
+    fast = resize_crop(img, preprocess.resize, preprocess.crop, preprocess.interpolation) if accelerated else None
     if fast is not None:
         return fast
-    return np.asarray(center_crop(resize_shorter(img, pp.resize, pp.interpolation), pp.crop))
+    return np.asarray(center_crop(resize_shorter(img, preprocess.resize, preprocess.interpolation), preprocess.crop))
 
 
-def normalise(u8: np.ndarray, pp: Preprocess) -> np.ndarray:
+def normalise(u8: np.ndarray, preprocess: Preprocess) -> np.ndarray:
     """(H, W, 3) uint8 -> float32 (3, H, W): scale to [0, 1], invert as configured, normalise."""
-    if pp.invert in ("never", "always") and len(pp.mean) == len(pp.std) == 3:
-        return _normalise_lut(u8, pp)
+    if preprocess.invert in ("never", "always") and len(preprocess.mean) == len(preprocess.std) == 3:
+        return _normalise_lut(u8, preprocess)
     arr = u8.astype(np.float32).transpose(2, 0, 1) / np.float32(255.0)
-    arr = _maybe_invert(arr, pp.invert)
-    mean = np.asarray(pp.mean, dtype=np.float32)[:, None, None]
-    std = np.asarray(pp.std, dtype=np.float32)[:, None, None]
+    arr = _maybe_invert(arr, preprocess.invert)
+    mean = np.asarray(preprocess.mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(preprocess.std, dtype=np.float32)[:, None, None]
     return np.ascontiguousarray((arr - mean) / std, dtype=np.float32)
 
 
@@ -104,14 +104,14 @@ def ink_map(img: Image.Image) -> np.ndarray:
     75th percentile of the strong ink (at least half the peak) is 1 (JPEG overshoot and faint or
     low-contrast renderings map to the same strokes). A near-uniform image gives all zeros.
     """
-    g = np.asarray(img.convert("L"), dtype=np.float32)
-    border = np.concatenate([g[0], g[-1], g[:, 0], g[:, -1]])
-    d = np.abs(g - np.float32(np.median(border)))
-    peak = float(d.max())
+    luminance = np.asarray(img.convert("L"), dtype=np.float32)
+    border = np.concatenate([luminance[0], luminance[-1], luminance[:, 0], luminance[:, -1]])
+    distance = np.abs(luminance - np.float32(np.median(border)))
+    peak = float(distance.max())
     if peak < _MIN_CONTRAST:
-        return np.zeros_like(d)
-    level = float(np.percentile(d[d >= 0.5 * peak], 75))
-    return np.minimum(d / np.float32(level), np.float32(1.0))
+        return np.zeros_like(distance)
+    level = float(np.percentile(distance[distance >= 0.5 * peak], 75))
+    return np.minimum(distance / np.float32(level), np.float32(1.0))
 
 
 def ink_box(ink: np.ndarray, spread: float = INK_SPREAD) -> tuple[float, float, float, float]:
@@ -136,7 +136,7 @@ def ink_box(ink: np.ndarray, spread: float = INK_SPREAD) -> tuple[float, float, 
     return cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2
 
 
-def fit_ink(img: Image.Image, size: int, interpolation: str = "bilinear", fit_size: int = 0) -> np.ndarray:
+def fit_ink(img: Image.Image, size: int, interpolation: Interpolation = "bilinear", fit_size: int = 0) -> np.ndarray:
     """``fit="ink"``: :func:`ink_map`, cut the :func:`ink_box` square (blank beyond the image) and
     resize it to (size, size) float32 in [0, 1]: light ink on black, like a drawing on the demo page,
     at any image size, margin, position, polarity and colour.
@@ -162,12 +162,28 @@ def fit_ink(img: Image.Image, size: int, interpolation: str = "bilinear", fit_si
     return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
 
 
-def preprocess_image(img: Image.Image, pp: Preprocess, accelerated: bool = True) -> np.ndarray:
-    """Decoded RGB image -> float32 (3, crop, crop) normalised array (see :func:`crop_uint8`;
-    ``fit="ink"``: :func:`fit_ink`, no resize/crop/invert)."""
-    if pp.fit == "ink":
-        ink = fit_ink(img, pp.crop, pp.interpolation, pp.fit_size)
-        mean = np.asarray(pp.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(pp.std, dtype=np.float32)[:, None, None]
+def preprocess_image(img: Image.Image, preprocess: Preprocess, accelerated: bool = True) -> np.ndarray:
+    """The model input of one decoded image, as model.json's transform describes it.
+
+    Args:
+        img: a decoded image in any mode (converted to RGB, or to luminance with ``grayscale``).
+        preprocess: the transform: resize the shorter side, center crop, scale to [0, 1], invert,
+            normalise (:func:`crop_uint8`, :func:`normalise`); with ``fit="ink"`` the ink-box transform of
+            :func:`fit_ink` replaces resize, crop and invert.
+        accelerated: use the compiled resize-and-crop where it applies (the same pixels as Pillow);
+            False always runs Pillow.
+
+    Returns:
+        A C-contiguous float32 (3, crop, crop) array.
+
+    Raises:
+        KeyError: ``preprocess.interpolation`` is not bicubic, bilinear or nearest and a resample is
+            needed (:func:`~irpe.artifact.load_artifact` refuses such a model.json: only a hand-built
+            :class:`Preprocess` gets here).
+    """
+    if preprocess.fit == "ink":
+        ink = fit_ink(img, preprocess.crop, preprocess.interpolation, preprocess.fit_size)
+        mean = np.asarray(preprocess.mean, dtype=np.float32)[:, None, None]
+        std = np.asarray(preprocess.std, dtype=np.float32)[:, None, None]
         return np.ascontiguousarray((ink[None] - mean) / std, dtype=np.float32)
-    return normalise(crop_uint8(img, pp, accelerated), pp)
+    return normalise(crop_uint8(img, preprocess, accelerated), preprocess)

@@ -13,13 +13,23 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .onnx_scan import TooDeep, external_tensors
 
 ARTIFACT_FORMAT_VERSION = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: The resampling filter of the resize (and of the ink fit).
+Interpolation = Literal["bicubic", "bilinear", "nearest"]
+#: "never", "always", or "auto": invert when the border is brighter than the centre.
+InvertMode = Literal["never", "always", "auto"]
+#: "none": resize and center crop; "ink": the ink-box transform for drawings.
+FitMode = Literal["none", "ink"]
+
+INTERPOLATIONS: tuple[Interpolation, ...] = get_args(Interpolation)
+INVERT: tuple[InvertMode, ...] = get_args(InvertMode)
 
 
 class ArtifactError(ValueError):
@@ -40,12 +50,12 @@ class Preprocess:
 
     resize: int = 256
     crop: int = 224
-    interpolation: str = "bicubic"
+    interpolation: Interpolation = "bicubic"
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
-    invert: str = "never"
+    invert: InvertMode = "never"
     grayscale: bool = False
-    fit: str = "none"
+    fit: FitMode = "none"
     fit_size: int = 0
 
     @classmethod
@@ -56,7 +66,31 @@ class Preprocess:
 
 @dataclass
 class ModelArtifact:
-    """The parsed contents of model.json."""
+    """The parsed contents of model.json.
+
+    Attributes:
+        name: the model's name as served (1-200 printable characters).
+        architecture: the model's hyper-parameters as exported (``ViTConfig`` fields, informative).
+        img_size: the side of the square input, in pixels.
+        num_classes: the length of the logits.
+        preprocess: the evaluation transform from a decoded image to the input (:class:`Preprocess`).
+        labels: one class name per logit (no ':' and no control characters).
+        onnx_file: the ONNX graph, relative to the artifact directory.
+        onnx_sha256: its sha256 (hex), checked on load.
+        opset: the ONNX opset the graph was written for.
+        input_name: the graph's input, (batch, 3, img_size, img_size) float32.
+        output_name: the graph's output, (batch, num_classes) logits.
+        rpe_plugin: the graph does its iRPE lookups with the custom ``irpe::`` ops (a runtime needs the plugin).
+        checkpoint_sha256: the sha256 of the checkpoint it was exported from.
+        versions: package versions at export time (torch, onnx, irpe-deploy...).
+        parity: the exported graph against the PyTorch reference (tolerance, largest difference, top-1).
+        engines: built engines by kind (``tensorrt``...): their ``file`` and ``sha256``, checked on load,
+            and their build facts.
+        quantization: int8 QDQ export: method, scope, calibration.
+        fidelity: the reduced-precision graphs ("int8", "bf16") against fp32 on held-out images.
+        training: how a shipped model was trained (command, seed, ...).
+        format_version: the model.json format; a newer one than this runtime's is refused.
+    """
 
     name: str
     architecture: dict[str, Any]
@@ -74,41 +108,43 @@ class ModelArtifact:
     versions: dict[str, str] = field(default_factory=dict)
     parity: dict[str, Any] = field(default_factory=dict)
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)
-    quantization: dict[str, Any] = field(default_factory=dict)  # int8 QDQ: method, scope, calibration
-    fidelity: dict[str, Any] = field(default_factory=dict)  # "int8" / "bf16" vs fp32 on held-out images
-    training: dict[str, Any] = field(default_factory=dict)  # how a shipped model was trained (command, seed, ...)
+    quantization: dict[str, Any] = field(default_factory=dict)
+    fidelity: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
     format_version: int = ARTIFACT_FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["preprocess"]["mean"] = list(self.preprocess.mean)
-        d["preprocess"]["std"] = list(self.preprocess.std)
-        return d
+        """The JSON object of model.json (mean and std as lists)."""
+        data = asdict(self)
+        data["preprocess"]["mean"] = list(self.preprocess.mean)
+        data["preprocess"]["std"] = list(self.preprocess.std)
+        return data
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "model.json") -> ModelArtifact:
+    def from_dict(cls, data: dict[str, Any], source: str = "model.json") -> ModelArtifact:
+        """The artifact a model.json object describes; ArtifactError naming ``source`` when it is invalid."""
         known = set(cls.__dataclass_fields__)
-        missing = [k for k in ("name", "architecture", "img_size", "num_classes", "preprocess", "labels")
-                   if k not in d]
+        missing = [key for key in ("name", "architecture", "img_size", "num_classes", "preprocess", "labels")
+                   if key not in data]
         if missing:
             raise ArtifactError(f"{source}: missing required field(s) {missing}; re-run `irpe export`")
-        if d.get("format_version", 1) > ARTIFACT_FORMAT_VERSION:
-            raise ArtifactError(f"{source}: format_version {d['format_version']} is newer than this "
+        if data.get("format_version", 1) > ARTIFACT_FORMAT_VERSION:
+            raise ArtifactError(f"{source}: format_version {data['format_version']} is newer than this "
                                 f"runtime supports ({ARTIFACT_FORMAT_VERSION}); upgrade irpe-deploy")
-        kwargs = {k: v for k, v in d.items() if k in known}
+        kwargs = {key: value for key, value in data.items() if key in known}
         try:
-            kwargs["preprocess"] = Preprocess(**d["preprocess"])
-            art = cls(**kwargs)
+            kwargs["preprocess"] = Preprocess(**data["preprocess"])
+            artifact = cls(**kwargs)
         except TypeError as e:
             raise ArtifactError(f"{source}: malformed field ({e}); re-run `irpe export`") from None
-        problems = art.problems()
+        problems = artifact.problems()
         if problems:
             raise ArtifactError(f"{source}: invalid field(s): {'; '.join(problems[:8])}; fix model.json or "
                                 "re-run `irpe export`")
-        if len(art.labels) != art.num_classes:
-            raise ArtifactError(f"{source}: {len(art.labels)} labels for num_classes={art.num_classes}; "
+        if len(artifact.labels) != artifact.num_classes:
+            raise ArtifactError(f"{source}: {len(artifact.labels)} labels for num_classes={artifact.num_classes}; "
                                 "fix the labels list or re-export with matching --num-classes")
-        return art
+        return artifact
 
     def problems(self) -> list[str]:
         """Type and value errors of every field ([] when valid); see :func:`field_problems`."""
@@ -123,26 +159,24 @@ class ModelArtifact:
         return out
 
 
-INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
-INVERT = ("never", "always", "auto")
 _CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
 
 
-def _is_int(v: Any, low: int = 1, high: int = 1 << 20) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+def _is_int(value: Any, low: int = 1, high: int = 1 << 20) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def _is_real_list(v: Any) -> bool:
-    return isinstance(v, (list, tuple)) and len(v) in (1, 3) and all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+def _is_real_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) in (1, 3) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)
 
 
 def relative_name_problem(name: Any) -> str:
     """Why ``name`` is not a plain relative path inside the artifact directory ("" when it is)."""
     if not isinstance(name, str) or not name:
         return "must be a non-empty string"
-    p = PurePosixPath(name.replace("\\", "/"))
-    if p.is_absolute() or PureWindowsPath(name).drive or ".." in p.parts:
+    posix = PurePosixPath(name.replace("\\", "/"))
+    if posix.is_absolute() or PureWindowsPath(name).drive or ".." in posix.parts:
         return f"{name!r} must be a path inside the artifact directory (no '..', not absolute)"
     return ""
 
@@ -157,41 +191,49 @@ def label_problem(label: Any) -> str:
     return ""
 
 
-def field_problems(art: ModelArtifact) -> list[str]:
+def field_problems(artifact: ModelArtifact) -> list[str]:
     """Every field checked for type and range (model.json is read from disk: trust nothing in it)."""
-    pp, bad = art.preprocess, []
     checks = [
-        (isinstance(art.name, str) and 0 < len(art.name) <= 200 and not _CONTROL & set(art.name),
+        (isinstance(artifact.name, str) and 0 < len(artifact.name) <= 200 and not _CONTROL & set(artifact.name),
          "name: a string of 1-200 printable characters"),
-        (isinstance(art.architecture, dict), "architecture: an object"),
-        (_is_int(art.img_size, 1, 8192), "img_size: an integer 1..8192"),
-        (_is_int(art.num_classes, 1, 1_000_000), "num_classes: an integer 1..1e6"),
-        (isinstance(art.labels, list), "labels: a list of strings"),
-        (isinstance(art.onnx_sha256, str) and (not art.onnx_sha256 or _is_hex64(art.onnx_sha256)),
+        (isinstance(artifact.architecture, dict), "architecture: an object"),
+        (_is_int(artifact.img_size, 1, 8192), "img_size: an integer 1..8192"),
+        (_is_int(artifact.num_classes, 1, 1_000_000), "num_classes: an integer 1..1e6"),
+        (isinstance(artifact.labels, list), "labels: a list of strings"),
+        (isinstance(artifact.onnx_sha256, str) and (not artifact.onnx_sha256 or _is_hex64(artifact.onnx_sha256)),
          "onnx_sha256: 64 hex digits"),
-        (_is_int(art.opset, 1, 100), "opset: an integer"),
-        (isinstance(art.input_name, str) and isinstance(art.output_name, str), "input_name/output_name: strings"),
-        (isinstance(art.rpe_plugin, bool), "rpe_plugin: true/false"),
-        (all(isinstance(x, dict) for x in (art.versions, art.parity, art.engines)),
+        (_is_int(artifact.opset, 1, 100), "opset: an integer"),
+        (isinstance(artifact.input_name, str) and isinstance(artifact.output_name, str),
+         "input_name/output_name: strings"),
+        (isinstance(artifact.rpe_plugin, bool), "rpe_plugin: true/false"),
+        (all(isinstance(x, dict) for x in (artifact.versions, artifact.parity, artifact.engines)),
          "versions/parity/engines: objects"),
-        (_is_int(pp.resize, 1, 8192) and _is_int(pp.crop, 1, 8192), "preprocess.resize/crop: integers 1..8192"),
-        (pp.interpolation in INTERPOLATIONS, f"preprocess.interpolation: one of {', '.join(INTERPOLATIONS)}"),
-        (_is_real_list(pp.mean) and _is_real_list(pp.std) and all(x != 0 for x in pp.std),
-         "preprocess.mean/std: 1 or 3 finite numbers, std non-zero"),
-        (pp.invert in INVERT, f"preprocess.invert: one of {', '.join(INVERT)}"),
-        (isinstance(pp.grayscale, bool), "preprocess.grayscale: true/false"),
     ]
-    bad += [msg for ok, msg in checks if not ok]
-    if isinstance(art.labels, list):
-        bad += [p for p in (label_problem(x) for x in art.labels) if p][:3]
-    if (p := relative_name_problem(art.onnx_file)):
-        bad.append(f"onnx_file: {p}")
-    if isinstance(art.engines, dict) and all(isinstance(e, dict) for e in art.engines.values()):
-        bad += [f"engines.{role} file: {p}" for role, (name, _) in art.files().items()
-                if role != "onnx" and (p := relative_name_problem(name))]
+    bad = [message for ok, message in checks if not ok] + _preprocess_problems(artifact.preprocess)
+    if isinstance(artifact.labels, list):
+        bad += [problem for problem in (label_problem(label) for label in artifact.labels) if problem][:3]
+    if (problem := relative_name_problem(artifact.onnx_file)):
+        bad.append(f"onnx_file: {problem}")
+    if isinstance(artifact.engines, dict) and all(isinstance(entry, dict) for entry in artifact.engines.values()):
+        bad += [f"engines.{role} file: {problem}" for role, (name, _) in artifact.files().items()
+                if role != "onnx" and (problem := relative_name_problem(name))]
     else:
         bad.append("engines: an object of objects")
     return bad
+
+
+def _preprocess_problems(preprocess: Preprocess) -> list[str]:
+    checks = [
+        (_is_int(preprocess.resize, 1, 8192) and _is_int(preprocess.crop, 1, 8192),
+         "preprocess.resize/crop: integers 1..8192"),
+        (preprocess.interpolation in INTERPOLATIONS,
+         f"preprocess.interpolation: one of {', '.join(INTERPOLATIONS)}"),
+        (_is_real_list(preprocess.mean) and _is_real_list(preprocess.std) and all(x != 0 for x in preprocess.std),
+         "preprocess.mean/std: 1 or 3 finite numbers, std non-zero"),
+        (preprocess.invert in INVERT, f"preprocess.invert: one of {', '.join(INVERT)}"),
+        (isinstance(preprocess.grayscale, bool), "preprocess.grayscale: true/false"),
+    ]
+    return [message for ok, message in checks if not ok]
 
 
 def _is_hex64(v: str) -> bool:
@@ -199,7 +241,17 @@ def _is_hex64(v: str) -> bool:
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file, read in chunks."""
+    """The sha256 of a file, read in 1 MiB chunks.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The digest as 64 lowercase hex digits.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -207,19 +259,44 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def save_artifact(art: ModelArtifact, directory: str | Path) -> Path:
-    """Write model.json into ``directory`` (the ONNX file must already be there)."""
-    problems = art.problems()
+def save_artifact(artifact: ModelArtifact, directory: str | Path) -> Path:
+    """Write model.json into an artifact directory.
+
+    Args:
+        artifact: what model.json says; its checksums are written as they are (compute them with
+            :func:`file_sha256` once the files are in place).
+        directory: the artifact directory; it exists and holds the files model.json names.
+
+    Returns:
+        The path of the model.json written (replacing any earlier one).
+
+    Raises:
+        ArtifactError: a field is invalid (:meth:`ModelArtifact.problems`); nothing is written.
+    """
+    problems = artifact.problems()
     if problems:
         raise ArtifactError(f"cannot write model.json: {'; '.join(problems[:8])}; fix these values (e.g. rename "
                             "the class names in the checkpoint) and export again")
     path = Path(directory) / "model.json"
-    path.write_text(json.dumps(art.to_dict(), indent=2) + "\n")
+    path.write_text(json.dumps(artifact.to_dict(), indent=2) + "\n")
     return path
 
 
 def load_artifact(directory: str | Path, verify_checksum: bool = True) -> ModelArtifact:
-    """Read and validate ``directory/model.json``; checks the ONNX file exists and matches its sha256."""
+    """Read and validate an artifact directory's model.json.
+
+    Args:
+        directory: a directory written by ``irpe export``.
+        verify_checksum: check the sha256 of the ONNX file and of every engine file present, and refuse
+            ONNX external data; False only checks that the ONNX file exists.
+
+    Returns:
+        The validated :class:`ModelArtifact`.
+
+    Raises:
+        ArtifactError: model.json is missing, not JSON, or has invalid fields; the ONNX file is missing; or,
+            when verifying, a checksum is empty or differs, or the ONNX file keeps tensors in other files.
+    """
     directory = Path(directory)
     path = directory / "model.json"
     if not path.is_file():
@@ -230,18 +307,18 @@ def load_artifact(directory: str | Path, verify_checksum: bool = True) -> ModelA
         raise ArtifactError(f"{path}: not valid JSON ({e}); re-run `irpe export`") from None
     if not isinstance(data, dict):
         raise ArtifactError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    art = ModelArtifact.from_dict(data, source=str(path))
-    onnx_path = directory / art.onnx_file
+    artifact = ModelArtifact.from_dict(data, source=str(path))
+    onnx_path = directory / artifact.onnx_file
     if not onnx_path.is_file():
         raise ArtifactError(f"{onnx_path}: not found (named by {path}); re-run `irpe export`")
     if verify_checksum:
-        if not art.onnx_sha256:
+        if not artifact.onnx_sha256:
             raise ArtifactError(f"{path}: onnx_sha256 is empty, so {onnx_path.name} cannot be verified; "
                                 "re-run `irpe export` (or set it to the file's sha256)")
-        for role, (name, digest) in art.files().items():
+        for role, (name, digest) in artifact.files().items():
             verify_file(directory / name, digest, path, required=role == "onnx")
         refuse_external_data(onnx_path)
-    return art
+    return artifact
 
 
 def refuse_external_data(onnx_path: Path) -> None:
