@@ -8,6 +8,7 @@ exported; a good model sorted after them loads."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -24,8 +25,10 @@ from tests.server.test_repository import _classify, _top, constant_artifact
 POLL_S = 0.1
 MODELS = {"bad_one_input_gather": "one_input_gather", "bad_add_chain": "add_chain",
           "bad_reshape_chain": "reshape_chain"}  # sorted before "good"
+# model -> its reason in the index (a regex). The ONNX Runtime engine's shape check raises IndexError on a scalar
+# output, which the load turns into the version's failure; an EngineError saying "re-export" passes as well.
 REFUSED = {"bad_config": "config.json", "bad_one_input_gather": "ONNX Runtime cannot load it",
-           "bad_scalar_output": "raised IndexError"}
+           "bad_scalar_output": "raised IndexError|re-export"}
 
 
 def _scalar_output_artifact(directory: Path) -> Path:
@@ -69,7 +72,7 @@ def test_a_bad_model_fails_once_and_the_models_after_it_still_load(tmp_path: Pat
         rows = {r["name"]: r for r in httpx.post(f"{server.url}/v2/repository/index", json={}, timeout=10).json()}
         log = server.output()
     for name, reason in REFUSED.items():
-        assert rows[name]["state"] == "UNAVAILABLE" and reason in rows[name]["reason"], rows[name]
+        assert rows[name]["state"] == "UNAVAILABLE" and re.search(reason, rows[name]["reason"]), rows[name]
         said = [line for line in log.splitlines() if name in line]
         assert len(said) == 1 and "not loaded" in said[0], said
     assert "Traceback" not in log and "polling the model repository failed" not in log, log[-3000:]
