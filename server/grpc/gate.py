@@ -35,6 +35,7 @@ KEYLESS_SERVICES = ("/grpc.health.v1.Health/",  # the standard health service, a
                     "/grpc.reflection.v1alpha.ServerReflection/")  # the protocol's schema (grpcurl)
 ADMIN = frozenset({SERVICE + "RepositoryModelLoad", SERVICE + "RepositoryModelUnload"})
 OFF_LOOP_BYTES = 1 << 20  # messages at least this large are parsed in a thread
+SWEEP_S = 0.25  # how often late request messages are looked for (a deadline is kept to within this)
 Observe = Callable[[str, grpc.StatusCode, float], None]
 
 
@@ -57,6 +58,7 @@ class CallGate(grpc.aio.ServerInterceptor):
     def __init__(self, settings: Settings, limits: GrpcLimits, observe: Observe):
         self.settings, self.limits, self.observe = settings, limits, observe
         self._bounded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self.deadlines = Deadlines()
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
                                                              Awaitable[grpc.RpcMethodHandler]],
@@ -102,17 +104,25 @@ class CallGate(grpc.aio.ServerInterceptor):
         if handler.request_streaming:
             behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
 
-            def requests_of(requests: AsyncIterator[bytes], context: Any) -> Awaitable[Any]:
-                return _ready(self.each(requests, parse))
+            async def requests_of(context: Any) -> Any:
+                return self.each(context, parse)
         else:
             behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
 
-            def requests_of(requests: AsyncIterator[bytes], context: Any) -> Awaitable[Any]:
-                return self.first(requests, context, parse)
+            async def requests_of(context: Any) -> Any:
+                return await self.first(context, parse)
+            if not handler.response_streaming:  # the common case, with one coroutine less
+                async def unary(requests: AsyncIterator[bytes], context: Any) -> Any:
+                    try:
+                        request = await self.first(context, parse)
+                    except MessageError as e:
+                        await _end(context, e)
+                    return await behavior(request, context)
+                return grpc.stream_unary_rpc_method_handler(unary, None, handler.response_serializer)
         if inspect.isasyncgenfunction(behavior):
             async def answers(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
                 try:
-                    async for answer in behavior(await requests_of(requests, context), context):
+                    async for answer in behavior(await requests_of(context), context):
                         yield answer
                 except MessageError as e:
                     await _end(context, e)
@@ -120,47 +130,51 @@ class CallGate(grpc.aio.ServerInterceptor):
 
         async def answer(requests: AsyncIterator[bytes], context: Any) -> Any:
             try:
-                return await behavior(await requests_of(requests, context), context)
+                return await behavior(await requests_of(context), context)
             except MessageError as e:
                 await _end(context, e)
         make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else \
             grpc.stream_unary_rpc_method_handler
         return make(answer, None, handler.response_serializer)
 
-    async def first(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
-                    parse: Callable[[bytes], Any] | None) -> Any:
-        """A unary call's request, parsed; the call ends DEADLINE_EXCEEDED or INVALID_ARGUMENT when it cannot."""
-        try:
-            return await self.next_message(requests, parse, self.limits.message_timeout_s, "--body-timeout-s")
-        except StopAsyncIteration:
-            await _end(context, MessageError(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message"))
-        except MessageError as e:
-            await _end(context, e)
-
-    async def each(self, requests: AsyncIterator[bytes], parse: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:
-        """A stream's requests, parsed, each in time; MessageError for one that is late or does not parse."""
-        while True:
-            try:
-                yield await self.next_message(requests, parse, self.limits.idle_timeout_s, "--grpc-idle-timeout-s")
-            except StopAsyncIteration:
-                return
-
-    @staticmethod
-    async def next_message(requests: AsyncIterator[bytes], parse: Callable[[bytes], Any] | None, timeout_s: float,
-                           flag: str) -> Any:
-        """The next message of ``requests`` within ``timeout_s`` (``flag`` sets it), parsed with ``parse``.
+    async def first(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None) -> Any:
+        """A unary call's request, parsed.
 
         Raises:
-            StopAsyncIteration: the client sent no more.
+            MessageError: late, not parseable, or missing.
+        """
+        request = await self.next_message(context, parse, self.limits.message_timeout_s, "--body-timeout-s")
+        if request is grpc.aio.EOF:
+            raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
+        return request
+
+    async def each(self, context: grpc.aio.ServicerContext,
+                   parse: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:
+        """A stream's requests, parsed, each in time; MessageError for one that is late or does not parse."""
+        while (request := await self.next_message(context, parse, self.limits.idle_timeout_s,
+                                                  "--grpc-idle-timeout-s")) is not grpc.aio.EOF:
+            yield request
+
+    async def next_message(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None,
+                           timeout_s: float, flag: str) -> Any:
+        """The call's next message within ``timeout_s`` (``flag`` sets it), parsed with ``parse``; ``grpc.aio.EOF``
+        when the client sent no more. (``context.read()`` costs less than the request iterator, and the
+        :class:`Deadlines` sweep less than a timer per call.)
+
+        Raises:
             MessageError: late (DEADLINE_EXCEEDED) or not parseable (INVALID_ARGUMENT).
         """
+        task = self.deadlines.watch(timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                raw = await anext(requests)
-        except TimeoutError:
+            raw = await context.read()
+        except asyncio.CancelledError:
+            if not self.deadlines.expired(task):
+                raise
             raise MessageError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request message not received within "
                                f"{timeout_s:g}s ({flag})") from None
-        if parse is None:
+        finally:
+            self.deadlines.forget(task)
+        if parse is None or raw is grpc.aio.EOF:
             return raw
         try:
             return await asyncio.to_thread(parse, raw) if len(raw) >= OFF_LOOP_BYTES else parse(raw)
@@ -170,8 +184,48 @@ class CallGate(grpc.aio.ServerInterceptor):
                                f"{e or 'not a protobuf message of this RPC'}") from None
 
 
-async def _ready(value: Any) -> Any:
-    return value
+class Deadlines:
+    """The calls waiting for a request message, each with its deadline. One sweep every :data:`SWEEP_S` (while
+    any wait) cancels the late ones, instead of a timer per call (measured: a timer per call cost ~15 us)."""
+
+    def __init__(self) -> None:
+        self._due: dict[asyncio.Task[Any], float] = {}
+        self._cancelled: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def watch(self, seconds: float) -> asyncio.Task[Any]:
+        """Start the deadline of the current task's wait; returns the task."""
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        self._due[task] = loop.time() + seconds
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep())
+        return task
+
+    def forget(self, task: asyncio.Task[Any]) -> None:
+        """The wait of ``task`` ended."""
+        self._due.pop(task, None)
+        self._cancelled.discard(task)
+
+    def expired(self, task: asyncio.Task[Any]) -> bool:
+        """Whether the sweep cancelled ``task`` (then its cancellation is taken back: the call goes on to end
+        with DEADLINE_EXCEEDED)."""
+        if task not in self._cancelled:
+            return False
+        task.uncancel()
+        return True
+
+    async def _sweep(self) -> None:
+        try:
+            while self._due:
+                await asyncio.sleep(SWEEP_S)
+                now = asyncio.get_running_loop().time()
+                for task in [t for t, due in self._due.items() if due <= now and t not in self._cancelled]:
+                    self._cancelled.add(task)
+                    task.cancel()
+        finally:
+            self._sweeper = None
 
 
 async def _end(context: grpc.aio.ServicerContext, error: MessageError) -> None:

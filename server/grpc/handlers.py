@@ -9,7 +9,8 @@ Anything the scan (:mod:`irpe.artifact.protowire`, the wire format read without 
 understand is handed to protobuf whole, so a malformed message fails as before. A message of more than
 :data:`FIELD_BUDGET` top-level fields is refused unparsed (:class:`TooManyFields`): a real request has one per
 input, output, parameter and tensor, and protobuf's parser holds the GIL while it walks millions of tiny fields
-(0.5 s for 16 MB), whichever thread it runs in. ModelStreamInfer's requests are split the same way. RPCs the
+(0.5 s for 16 MB), whichever thread it runs in. A request id over :data:`MAX_ID_BYTES` is left out too (the
+servicer refuses the request without copying it). ModelStreamInfer's requests are split the same way. RPCs the
 servicer does not implement answer UNIMPLEMENTED, with no traceback.
 """
 
@@ -28,6 +29,8 @@ from irpe.artifact.protowire import Malformed, fields
 
 SERVICE = "inference.GRPCInferenceService"
 RAW_INPUT_CONTENTS = 7  # ModelInferRequest.raw_input_contents: repeated bytes
+REQUEST_ID = 3  # ModelInferRequest.id: string
+MAX_ID_BYTES = 4096  # a longer id is left out of the parse (the servicer refuses the request, naming its cap)
 FIELD_BUDGET = 256  # top-level fields a request may have (see the module docstring)
 STREAMED = ("ModelInfer", "ModelStreamInfer")  # RPCs whose requests are split
 
@@ -38,41 +41,54 @@ class TooManyFields(DecodeError):
 
 @dataclass
 class InferCall:
-    """A ModelInfer request: the message without its raw tensors, and the tensors as views (in order)."""
+    """A ModelInfer request: the message without its raw tensors, and the tensors as views (in order);
+    ``id_bytes``: the size of a request id over MAX_ID_BYTES, left out of the message (0: none)."""
 
     message: pb.ModelInferRequest
     raw: list[memoryview] = field(default_factory=list)
+    id_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A field taken out of the message before protobuf parses the rest: at ``at``, its value ``data[a:b]``."""
+
+    at: int
+    a: int
+    b: int
+    raw: bool  # a raw tensor (else a request id over MAX_ID_BYTES)
 
 
 def parse_infer(data: bytes) -> InferCall:
     """Split a serialized ModelInferRequest (see the module docstring)."""
-    spans = _raw_spans(data)
-    if spans is None:
+    cuts = _cuts(data)
+    if cuts is None:
         raise TooManyFields(f"more than {FIELD_BUDGET} top-level fields; a ModelInferRequest has one per input, "
                             "output, parameter and raw tensor")
-    if not spans:  # nothing to split off, or not well-formed: protobuf's own parse, answer or error
+    if not cuts:  # nothing to split off, or not well-formed: protobuf's own parse, answer or error
         return InferCall(pb.ModelInferRequest.FromString(data))
     view, rest, last = memoryview(data), [], 0
-    for at, _, end in spans:
-        rest.append(view[last:at])
-        last = end
+    for cut in cuts:
+        rest.append(view[last:cut.at])
+        last = cut.b
     rest.append(view[last:])
-    return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), [view[a:b] for _, a, b in spans])
+    return InferCall(pb.ModelInferRequest.FromString(b"".join(rest)), [view[c.a:c.b] for c in cuts if c.raw],
+                     max((c.b - c.a for c in cuts if not c.raw), default=0))
 
 
-def _raw_spans(data: bytes) -> list[tuple[int, int, int]] | None:
-    """(field start, tensor start, tensor end) of each raw tensor; [] when the message is malformed (protobuf
-    then parses it, and fails), None past FIELD_BUDGET top-level fields."""
-    spans = []
+def _cuts(data: bytes) -> list[Cut] | None:
+    """The raw tensors and over-long ids of the message; [] when it is malformed (protobuf then parses it, and
+    fails), None past FIELD_BUDGET top-level fields."""
+    cuts = []
     try:
         for count, (number, wire, a, b, at) in enumerate(fields(data, 0, len(data))):
             if count >= FIELD_BUDGET:
                 return None
-            if number == RAW_INPUT_CONTENTS and wire == 2:
-                spans.append((at, a, b))
+            if wire == 2 and (number == RAW_INPUT_CONTENTS or number == REQUEST_ID and b - a > MAX_ID_BYTES):
+                cuts.append(Cut(at, a, b, raw=number == RAW_INPUT_CONTENTS))
     except Malformed:
         return []
-    return spans
+    return cuts
 
 
 def unimplemented(name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:

@@ -2,7 +2,8 @@
 
 Every RPC asks the same Service the HTTP routes ask (:mod:`..pipeline.oip` builds the answers), so the model
 lookup, the queue, the deadline and the repository are one. The API key travels as the ``authorization``
-metadata (``Bearer <key>``); ServerLive and ServerReady need none, as /v2/health/* over HTTP. An
+metadata (``Bearer <key>``), checked by the call gate (:mod:`.gate`) before the request is read; ServerLive and
+ServerReady need none, as /v2/health/* over HTTP. An
 :class:`~..errors.APIError` ends the RPC with the status Triton uses (:mod:`.status`); in ModelStreamInfer it
 becomes that response's ``error_message`` and the stream goes on.
 """
@@ -20,7 +21,6 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..auth import bearer_matches
 from ..errors import APIError
 from ..pipeline import oip
 from ..pipeline.control import check_admin, run_control
@@ -36,24 +36,15 @@ STREAM_ROUTE = "/inference.GRPCInferenceService/ModelStreamInfer"  # counted per
 MAX_ID_CHARS = 1024  # a request id is echoed in its answer: a longer one is refused (INVALID_ARGUMENT)
 
 
-def authorized(context: grpc.aio.ServicerContext, key: str) -> bool:
-    """True when no key is set or the call carries ``authorization: Bearer <key>``."""
-    if not key:
-        return True
-    for name, value in context.invocation_metadata() or ():
-        if name == "authorization" and isinstance(value, str):
-            return bearer_matches(value, key)
-    return False
-
-
 def _authorization(context: grpc.aio.ServicerContext) -> str:
     return next((v for k, v in context.invocation_metadata() or () if k == "authorization" and isinstance(v, str)),
                 "")
 
 
-def rpc(open_: bool = False) -> Callable[[Handler], Handler]:
-    """A unary RPC: the key checked (unless ``open_``), an APIError answered with its gRPC status, the call
-    counted and timed in ``irpe_requests_total`` / ``irpe_request_latency_seconds`` (method ``GRPC``)."""
+def rpc() -> Callable[[Handler], Handler]:
+    """A unary RPC: an APIError answered with its gRPC status, the call counted and timed in
+    ``irpe_requests_total`` / ``irpe_request_latency_seconds`` (method ``GRPC``). The key was checked at call
+    start (:mod:`.gate`)."""
 
     def wrap(fn: Handler) -> Handler:
         route = f"/inference.GRPCInferenceService/{fn.__name__}"
@@ -62,8 +53,6 @@ def rpc(open_: bool = False) -> Callable[[Handler], Handler]:
         async def call(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
             start, code = time.perf_counter(), grpc.StatusCode.CANCELLED
             try:
-                if not open_:
-                    self.check_key(context)
                 answer = await fn(self, request, context)
                 code = grpc.StatusCode.OK
                 return answer
@@ -101,16 +90,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         series[0].inc()
         series[1].observe(seconds)
 
-    def check_key(self, context: grpc.aio.ServicerContext) -> None:
-        if not authorized(context, self.service.settings.api_key):
-            raise APIError(401, "unauthorized", "missing or wrong API key; send the metadata "
-                           "'authorization: Bearer <key>'")
-
-    @rpc(open_=True)
+    @rpc()
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    @rpc(open_=True)
+    @rpc()
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
         self.service.check_workers()
         return pb.ServerReadyResponse(ready=self.service.ready)
@@ -150,7 +134,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                               context: Any) -> pb.RepositoryIndexResponse:
         return codec.repository_index(oip.repository_index(self.service, request.ready))
 
-    @rpc(open_=True)  # the admin key where one is set (pipeline/control.py), else the API key
+    @rpc()  # the admin key where one is set (pipeline/control.py), else the API key
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   context: Any) -> pb.RepositoryModelLoadResponse:
         check_admin(self.service.settings, _authorization(context))
@@ -160,7 +144,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         await run_control(self.service, request.model_name, True)
         return pb.RepositoryModelLoadResponse()
 
-    @rpc(open_=True)
+    @rpc()
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
         check_admin(self.service.settings, _authorization(context))
@@ -188,17 +172,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: InferCall | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         client_shm.PEER.set(context.peer())  # who may use the regions the request names
         if isinstance(request, InferCall):  # :mod:`.handlers`'s split request (the tensors as views)
-            return await self.infer(request.message, request.raw or None)
+            return await self.infer(request.message, request.raw or None, request.id_bytes)
         return await self.infer(request)
 
-    async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None) -> pb.ModelInferResponse:
+    async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None,
+                    id_bytes: int = 0) -> pb.ModelInferResponse:
         """One inference: look up and hold the version, decode and check in the pool, infer, answer; ``raw``:
-        the request's raw tensors when they were split off (:mod:`.handlers`)."""
+        the request's raw tensors when they were split off, ``id_bytes`` the size of an id left out as too long
+        (:mod:`.handlers`)."""
         started = time.perf_counter()
         service = self.service
         name, version = req.model_name, req.model_version or None
-        if len(req.id) > MAX_ID_CHARS:
-            raise APIError(400, "invalid_input", f"request id of {len(req.id)} characters: at most {MAX_ID_CHARS} "
+        if id_bytes or len(req.id) > MAX_ID_CHARS:
+            size = f"{id_bytes} bytes" if id_bytes else f"{len(req.id)} characters"
+            raise APIError(400, "invalid_input", f"request id of {size}: at most {MAX_ID_CHARS} characters "
                            "(the id is echoed in the answer); send a shorter id")
         if not service.host.knows(name):
             service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
@@ -225,10 +212,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         being read (gRPC's flow control then holds the client). Answers come as they finish, each with its
         request's id; a failed request is an answer with ``error_message``. A message that does not parse or
         comes late (:mod:`.gate`) ends the stream with its status once the answers in flight are sent."""
-        try:
-            self.check_key(context)
-        except APIError as e:
-            await context.abort(grpc_code(e.status), e.message)
         slots = oip.max_images(self.service)  # more could never all be queued
         room = asyncio.Semaphore(slots)
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(slots + 1)
@@ -271,7 +254,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Answer one request of a stream (:mod:`.handlers` split it: the message and its raw tensors)."""
         start, code, req = time.perf_counter(), grpc.StatusCode.OK, call.message
         try:
-            answer = pb.ModelStreamInferResponse(infer_response=await self.infer(req, call.raw or None))
+            answer = pb.ModelStreamInferResponse(infer_response=await self.infer(req, call.raw or None,
+                                                                                 call.id_bytes))
         except APIError as e:
             code = grpc_code(e.status)
             answer = pb.ModelStreamInferResponse(error_message=e.message,

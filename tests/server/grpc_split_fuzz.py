@@ -66,6 +66,9 @@ def _agree(data: bytes) -> None:
     except handlers.TooManyFields:  # refused only past the budget (a changed byte may merge a few fields)
         assert _top_level_fields(want) > handlers.FIELD_BUDGET // 2, data
         return
+    if call.id_bytes:  # an id over MAX_ID_BYTES is left out (the servicer refuses the request)
+        assert call.id_bytes > handlers.MAX_ID_BYTES and not call.message.id, data
+        return
     got = pb.ModelInferRequest()
     got.CopyFrom(call.message)
     got.raw_input_contents.extend(bytes(r) for r in call.raw)
