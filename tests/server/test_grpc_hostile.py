@@ -69,7 +69,7 @@ def _held_calls(channel: grpc.Channel, n: int, release: threading.Event) -> list
 
 
 def test_a_keyless_16mb_message_is_refused_before_it_is_parsed(keyed: ServerProcess) -> None:
-    """G1: 16 MB of tiny fields without a key: UNAUTHENTICATED at once, and nobody else waits for it."""
+    """16 MB of tiny fields without a key: UNAUTHENTICATED at once, and nobody else waits for it."""
     big = h2.tiny_fields(16 << 20)
     with Probe(grpc_address(keyed), keyed.url, KEY) as probe, grpc.insecure_channel(grpc_address(keyed)) as attacker:
         probe.warm()
@@ -84,7 +84,7 @@ def test_a_keyless_16mb_message_is_refused_before_it_is_parsed(keyed: ServerProc
 
 
 def test_a_keyed_message_of_many_fields_is_refused_unparsed(keyed: ServerProcess) -> None:
-    """G1 with the key: the split walks at most FIELD_BUDGET fields and refuses the rest unparsed (protobuf's
+    """With the key: the split walks at most FIELD_BUDGET fields and refuses the rest unparsed (protobuf's
     parser would hold the GIL for 0.5 s)."""
     big = h2.tiny_fields(16 << 20)
     with Probe(grpc_address(keyed), keyed.url, KEY) as probe, grpc.insecure_channel(grpc_address(keyed)) as client:
@@ -97,7 +97,7 @@ def test_a_keyed_message_of_many_fields_is_refused_unparsed(keyed: ServerProcess
 
 
 def test_calls_that_never_send_their_message_take_no_slots_without_a_key(keyed: ServerProcess) -> None:
-    """G2: 60 keyless calls that never send their message (over --max-connections 40 concurrent RPCs): refused
+    """60 keyless calls that never send their message (over --max-connections 40 concurrent RPCs): refused
     at call start, so the keyed client is never RESOURCE_EXHAUSTED."""
     release = threading.Event()
     with grpc.insecure_channel(grpc_address(keyed)) as attacker:
@@ -119,7 +119,7 @@ def test_calls_that_never_send_their_message_take_no_slots_without_a_key(keyed: 
 
 
 def test_a_message_that_does_not_come_is_deadline_exceeded(keyless: ServerProcess) -> None:
-    """G2 where no key is needed: the message is due within --body-timeout-s (1 s here)."""
+    """Where no key is needed, the message is due within --body-timeout-s (1 s here)."""
     release = threading.Event()
     with grpc.insecure_channel(grpc_address(keyless)) as client:
         start = time.perf_counter()
@@ -170,7 +170,7 @@ def test_streams_per_connection_are_capped(keyless: ServerProcess) -> None:
 
 
 def test_idle_and_silent_connections_are_closed_and_capped(keyed: ServerProcess) -> None:
-    """G5: 60 connections that send the preface and SETTINGS, then nothing, over a cap of 40: the excess closed
+    """60 connections that send the preface and SETTINGS, then nothing, over a cap of 40: the excess closed
     at once, the rest after --grpc-idle-timeout-s (1 s); one that sends nothing after --header-timeout-s (1 s);
     the keyed client and /healthz answer meanwhile."""
     with Probe(grpc_address(keyed), keyed.url, KEY) as probe:
@@ -210,7 +210,7 @@ def test_a_connection_is_asked_to_go_away_at_its_age(tiny_artifact: Path) -> Non
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_limit(tiny_artifact: Path) -> None:
-    """G5: started with a soft RLIMIT_NOFILE of 1,024, the server runs with the hard limit."""
+    """Started with a soft RLIMIT_NOFILE of 1,024, the server runs with the hard limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard <= 1024:
         pytest.skip(f"the hard open-file limit here is {hard}")
@@ -229,7 +229,7 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_limit(tiny_artifact: Pat
 
 
 def test_a_stream_of_huge_failing_ids_holds_no_memory(keyless: ServerProcess) -> None:
-    """G3: 120 failing requests with a 4 MB id, answers not read: each refused naming the id cap, nothing echoed,
+    """120 failing requests with a 4 MB id, answers not read: each refused naming the id cap, nothing echoed,
     and the server's memory stays flat."""
     before, refused = keyless.rss_mb(), _stream_errors(keyless)
     request = h2.infer_request(model="nope", request_id="i" * (4 << 20))
@@ -255,7 +255,7 @@ def _stream_errors(server: ServerProcess) -> float:
 
 
 def test_undecodable_messages_are_invalid_argument_without_a_traceback(keyless: ServerProcess) -> None:
-    """G4: garbage to unary RPCs, an unimplemented RPC, and a stream [valid, valid, garbage]: INVALID_ARGUMENT
+    """Garbage to unary RPCs, an unimplemented RPC, and a stream [valid, valid, garbage]: INVALID_ARGUMENT
     (UNIMPLEMENTED), no traceback; the stream sends both answers, then ends INVALID_ARGUMENT."""
     garbage = b"\x0a\xff\xff\xff\xff\x0f"
     with grpc.insecure_channel(grpc_address(keyless)) as client:
