@@ -106,21 +106,22 @@ def anchors(page: Path) -> set[str]:
 def links(page: Path) -> list[Link]:
     """The relative links of ``page`` (inline and reference definitions), outside code.
 
+    A link may wrap: its text, or the space after ``](``, may run over a line break.
+
     Args:
         page: a Markdown file.
 
     Returns:
         Its links that are not external (no URL scheme, not protocol-relative).
     """
-    out = []
-    for number, line in prose_lines(page.read_text(encoding="utf-8")):
-        line = _INLINE_CODE.sub("", line)
-        targets = _INLINE_LINK.findall(line)
-        definition = _REFERENCE_DEF.match(line)
-        if definition:
-            targets.append(definition.group(1))
-        out += [Link(page, number, t) for t in targets if t and not _SCHEME.match(t) and not t.startswith("//")]
-    return out
+    text = page.read_text(encoding="utf-8")
+    prose = dict(prose_lines(text))  # fenced lines left out; inline code removed below
+    lines = [_INLINE_CODE.sub("", prose.get(n, "")) for n in range(1, len(text.splitlines()) + 1)]
+    joined = "\n".join(lines)
+    found = [(joined.count("\n", 0, m.start()) + 1, m.group(1)) for m in _INLINE_LINK.finditer(joined)]
+    found += [(n, d.group(1)) for n, line in enumerate(lines, start=1) if (d := _REFERENCE_DEF.match(line))]
+    return [Link(page, number, target) for number, target in sorted(found)
+            if target and not _SCHEME.match(target) and not target.startswith("//")]
 
 
 def _shown(path: Path) -> str:
@@ -156,8 +157,9 @@ def test_slugs_follow_github():
 def test_links_are_found_outside_code(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# Top\n\n[ok](#top) [gone](missing.md) `[code](no.md)`\n\n```\n[fenced](no2.md)\n```\n"
-                    "[ext](https://example.com) [ref]: other.md#x\n")
-    assert [lk.target for lk in links(page)] == ["#top", "missing.md"]
+                    "[ext](https://example.com) [ref]: other.md#x\n[split\nover lines](\nwrapped.md)\n")
+    assert [lk.target for lk in links(page)] == ["#top", "missing.md", "wrapped.md"]
+    assert [lk.line for lk in links(page)] == [3, 3, 9]
     assert broken(Link(page, 3, "#top")) is None
     assert broken(Link(page, 3, "#nowhere")) is not None
 
