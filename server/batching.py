@@ -20,9 +20,10 @@ import itertools
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 
@@ -55,27 +56,55 @@ class Result:
     batch_size: int
 
 
-class BatchQueue(Protocol):
-    """Where a model version's images wait for the engine: what the request pipeline and the hosts use."""
+class BatchQueue(ABC):
+    """Where a model version's images wait for the engine: what the request pipeline and the hosts use
+    (:class:`Batcher` here, :class:`~.ipc.link.RemoteBatcher` across processes)."""
 
     max_queue: int
     stats: ModelStats
 
     @property
-    def depth(self) -> int: ...
+    @abstractmethod
+    def depth(self) -> int:
+        """Images waiting for inference."""
 
     @property
-    def stopping(self) -> bool: ...
+    @abstractmethod
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
 
+    @abstractmethod
     def alive(self) -> bool:
         """False once the queue can no longer answer (an inference thread died, the engine process left)."""
-        ...
 
-    def start(self) -> None: ...
+    @abstractmethod
+    def start(self) -> None:
+        """Start answering (before the first :meth:`submit`)."""
 
-    async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]: ...
+    @abstractmethod
+    async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]:
+        """Queue ``images`` for inference.
 
-    def stop(self, drain: bool = True, timeout: float = 30.0) -> None: ...
+        Args:
+            images: preprocessed float32 [3, H, W] arrays, one per image.
+            timeout: seconds the request may still wait (None: no deadline).
+
+        Returns:
+            One result per image, in order.
+
+        Raises:
+            QueueFullError: the queue is full (503 with Retry-After).
+            BatcherStoppedError: the queue stopped (503).
+        """
+
+    @abstractmethod
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        """Stop taking work.
+
+        Args:
+            drain: run what is queued (else it fails).
+            timeout: seconds to wait for it.
+        """
 
 
 @dataclass
@@ -118,7 +147,7 @@ def _resolve_all(pairs: list[tuple[asyncio.Future, Result | None]], error: BaseE
         settle(future, value, error)
 
 
-class Batcher:
+class Batcher(BatchQueue):
     """Bounded queue + ``workers`` inference threads around ``run(images) -> logits``.
 
     On a CPU, several workers each running a single-threaded session beat one worker with intra-op

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -26,12 +27,21 @@ class EngineInfo:
     custom_ops: list[str] = field(default_factory=list)  # op domains put into the graph (irpe.ort: ort_graph.py)
 
 
-class Engine(Protocol):
-    """float32 [N,3,H,W] -> float32 [N,classes]; ``info`` says what runs it."""
+class Engine(ABC):
+    """float32 [N,3,H,W] -> float32 [N,classes]; ``info`` says what runs it (every backend subclasses it)."""
 
     info: EngineInfo
 
-    def run(self, images: np.ndarray) -> np.ndarray: ...
+    @abstractmethod
+    def run(self, images: np.ndarray) -> np.ndarray:
+        """Classify one batch.
+
+        Args:
+            images: float32 [N, 3, H, W], preprocessed; N one of ``info.batch_sizes``.
+
+        Returns:
+            float32 logits [N, classes].
+        """
 
 
 def batch_sizes(max_batch: int) -> list[int]:

@@ -18,14 +18,14 @@ from irpe.artifact import ModelArtifact
 from irpe.artifact.ort_graph import DOMAIN, prepare
 
 from ..config import usable_cpus
-from .base import EngineError, EngineInfo, batch_sizes
+from .base import Engine, EngineError, EngineInfo, batch_sizes
 
 log = logging.getLogger("irpe.server")
 INT8_ON_CPU = ("int8 artifact on ONNX Runtime (CPU): it runs no faster than the fp32 graph here (1.15-1.3x slower "
                "measured); OpenVINO is its fast path: pip install 'irpe-deploy[cpu]' and serve with --backend auto")
 
 
-class OrtEngine:
+class OrtEngine(Engine):
     """An ONNX Runtime session; a static batch dimension is honoured by padding.
 
     ``solo_threads`` > ``threads`` (on a CPU whose cores are split between inference threads) adds a second

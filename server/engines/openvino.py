@@ -31,7 +31,7 @@ import numpy as np
 from irpe.artifact import ModelArtifact
 from irpe.artifact.openvino_graph import read_model
 
-from .base import EngineError, EngineInfo, batch_sizes
+from .base import Engine, EngineError, EngineInfo, batch_sizes
 
 log = logging.getLogger("irpe.server")
 MISSING = ("--backend openvino needs OpenVINO, which is not installed: pip install 'irpe-deploy[cpu]' "
@@ -115,7 +115,7 @@ def compile_onnx(onnx_path: str | Path, *, precision: str = "fp32", threads: int
                           "re-run `irpe export` or use --backend onnxruntime") from None
 
 
-class OpenVINOEngine:
+class OpenVINOEngine(Engine):
     """An OpenVINO CompiledModel on the CPU, one infer request per calling thread."""
 
     def __init__(self, onnx_path: Path, art: ModelArtifact, *, precision: str = "auto", threads: int = 0,

@@ -23,7 +23,7 @@ import numpy as np
 
 from irpe.artifact import ModelArtifact
 
-from .base import EngineError, EngineInfo, batch_sizes
+from .base import Engine, EngineError, EngineInfo, batch_sizes
 
 
 def _import_runtime() -> tuple[Any, Any]:
@@ -83,7 +83,7 @@ class _Slot:
     limit: int
 
 
-class TensorRTEngine:
+class TensorRTEngine(Engine):
     """Deserialises ``model.plan``; runs batches on a pool of per-profile contexts (see module doc)."""
 
     def __init__(self, plan: Path, art: ModelArtifact, *, max_batch: int):

@@ -48,7 +48,8 @@ class ModelMetrics:
         """
         from prometheus_client import Counter, Gauge
 
-        registry, labels = metrics.registry, ["model", "version"]
+        registry = metrics.registry
+        labels = ["model", "version"]
         self.images = Counter("irpe_model_images_total", "Images classified, by model version", labels,
                               registry=registry)
         self.depth = Gauge("irpe_model_queue_depth", "Images waiting for inference, by model version", labels,
@@ -338,7 +339,8 @@ class ModelHost(ABC):
         Returns:
             A row for every version tried (state and reason), and one for each model never loaded.
         """
-        rows, catalog = [], self.catalog()
+        rows: list[dict[str, str]] = []
+        catalog = self.catalog()
         for name in sorted(set(catalog) | set(self.records)):
             tried = self.records.get(name, {})
             rows += [model_version.entry() for _, model_version in sorted(tried.items())]

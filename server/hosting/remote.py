@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from irpe.artifact import ArtifactError, ModelArtifact
 
@@ -31,21 +32,67 @@ log = logging.getLogger("irpe.server")
 CONTROL_TIMEOUT_S = 600.0  # a load builds and warms an engine in the engine process
 
 
-class Channel(Protocol):
-    """What a RemoteHost needs of its link to the engine process."""
+class Channel(ABC):
+    """What a RemoteHost needs of its link to the engine process (:class:`~..ipc.link.EngineLink`)."""
 
-    gone: bool
-    on_status: Callable[[dict[str, Any]], None] | None
+    gone: bool  # the engine process closed the connection
+    on_status: Callable[[dict[str, Any]], None] | None  # called with each status the engine pushes
 
-    def connect(self) -> None: ...
+    @abstractmethod
+    def connect(self) -> None:
+        """Connect to the engine process.
 
-    def wait_status(self, timeout: float | None = None) -> dict[str, Any] | None: ...
+        Raises:
+            OSError: it cannot be reached.
+        """
 
-    def control(self, name: str, load: bool, timeout: float) -> None: ...
+    @abstractmethod
+    def wait_status(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """Wait until the engine is ready, failed or gone.
 
-    def batcher(self, name: str, version: int, crop: int, max_queue: int) -> BatchQueue: ...
+        Args:
+            timeout: the most seconds to wait (None: no limit).
 
-    def stop(self, drain: bool = True, timeout: float = 30.0) -> None: ...
+        Returns:
+            The engine's last status, or None when none came.
+        """
+
+    @abstractmethod
+    def control(self, name: str, load: bool, timeout: float) -> None:
+        """Have the engine process load or unload ``name``.
+
+        Args:
+            name: the model.
+            load: True to (re)load it, False to unload it.
+            timeout: the most seconds to wait for its answer.
+
+        Raises:
+            APIError: the engine's answer when it refused.
+            OSError, BatcherStoppedError: the engine process cannot be reached.
+        """
+
+    @abstractmethod
+    def batcher(self, name: str, version: int, crop: int, max_queue: int) -> BatchQueue:
+        """The queue of one model version in the engine process.
+
+        Args:
+            name: the model.
+            version: the version number.
+            crop: the image side the version takes.
+            max_queue: images this front end queues for it before 503.
+
+        Returns:
+            A queue whose batches the engine process runs.
+        """
+
+    @abstractmethod
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        """Hang up.
+
+        Args:
+            drain: wait for the answers to what was handed over first.
+            timeout: the most seconds to wait for them.
+        """
 
 
 class RemoteHost(ModelHost):

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..batching import BatcherStoppedError, QueueFullError, Result, settle
+from ..batching import BatcherStoppedError, BatchQueue, QueueFullError, Result, settle
+from ..hosting.remote import Channel
 from ..stats import ModelStats
 from . import wire
 from .slots import SlotPool
@@ -33,7 +34,7 @@ class EngineGoneError(BatcherStoppedError):
     """The engine process closed the connection (crashed or stopped)."""
 
 
-class EngineLink:
+class EngineLink(Channel):
     """Images, status and control between this front end and the engine process (module docstring)."""
 
     def __init__(self, path: str, slots: int, timeout_s: float):
@@ -252,7 +253,7 @@ class RemoteStats(ModelStats):
         return super().to_triton(name, version, reasons)
 
 
-class RemoteBatcher:
+class RemoteBatcher(BatchQueue):
     """A :class:`~..batching.BatchQueue` whose queue is the engine process's batcher of one model version."""
 
     def __init__(self, link: EngineLink, crop: int, route: dict[str, str], max_queue: int):
