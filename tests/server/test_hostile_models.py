@@ -1,4 +1,4 @@
-"""Issue 29, F2, against a real ``irpe serve``: a request that holds a model version while that version is
+"""Against a real ``irpe serve``: a request that holds a model version while that version is
 unloaded, swapped or removed from the repository never answers with another model's logits.
 
 A ``/v2`` request for ``beta`` is routed (and holds beta's version) as soon as its headers arrive; its body is
@@ -8,6 +8,7 @@ swap): a 200 for beta whose logits put class 1 on top is the bug."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
@@ -25,7 +26,8 @@ from tests.reliability.procs import ServerProcess, serving
 from tests.server.helpers import CROP
 from tests.server.test_repository import constant_artifact
 
-TRIALS = 6
+TRIALS = 6  # races per test, each checked
+MAX_TRIALS = 18  # more, while no racing request was answered 200 or none was refused
 BODY = json.dumps({"inputs": [{"name": "images", "shape": [1, 3, CROP, CROP], "datatype": "FP32",
                                "data": [0.0] * (3 * CROP * CROP)}]}).encode()
 BETA_TOPS = {8, 9}  # beta, and beta after a swap
@@ -85,20 +87,42 @@ def _race(url: str, retire: Callable[[], None], restore: Callable[[], None], out
     held = HeldRequest(url, "beta")
     time.sleep(0.05)  # routed: the server has the headers
     racing: list[tuple[int, dict]] = []
+    racer_ready = threading.Event()
 
     def race() -> None:
-        for _ in range(10):
-            r = httpx.post(f"{url}/v2/models/beta/infer", content=BODY, timeout=30)
-            racing.append((r.status_code, r.json()))
+        with httpx.Client(timeout=30) as client:  # one client: requests follow each other closely
+            racer_ready.set()
+            for _ in range(10):
+                r = client.post(f"{url}/v2/models/beta/infer", content=BODY)
+                racing.append((r.status_code, r.json()))
 
     racer = threading.Thread(target=race)
     racer.start()
+    racer_ready.wait(10)
     retire()
     _check(*held.finish(), outcomes)
     racer.join(60)
     for status, body in racing:
         _check(status, body, outcomes)
     restore()
+
+
+def _races(url: str, retire: Callable[[], None], restore: Callable[[], None]) -> list[tuple[int, int]]:
+    """``TRIALS`` races, and more (``MAX_TRIALS`` in all) until the race happened: a request for beta was
+    answered 200 and one was refused. Returns every (status, top class)."""
+    outcomes: list[tuple[int, int]] = []
+    for trial in range(MAX_TRIALS):
+        if trial >= TRIALS and _raced(outcomes):
+            break
+        _race(url, retire, restore, outcomes)
+    assert _raced(outcomes), f"the race never happened in {MAX_TRIALS} trials (status, top class): {outcomes}"
+    return outcomes
+
+
+def _raced(outcomes: list[tuple[int, int]]) -> bool:
+    """Whether a request for beta was answered 200 and another was refused."""
+    statuses = {status for status, _ in outcomes}
+    return 200 in statuses and bool(statuses - {200})
 
 
 @pytest.fixture(scope="module")
@@ -116,27 +140,23 @@ def _control(url: str, model: str, what: str) -> None:
 
 def test_unload_never_answers_with_another_models_logits(explicit: tuple[ServerProcess, Path]) -> None:
     server, _ = explicit
-    outcomes: list[tuple[int, int]] = []
-    for _ in range(TRIALS):
-        _race(server.url, lambda: _control(server.url, "beta", "unload"),
-              lambda: _control(server.url, "beta", "load"), outcomes)
-    print("F2 unload:", outcomes)
+    _races(server.url, lambda: _control(server.url, "beta", "unload"), lambda: _control(server.url, "beta", "load"))
 
 
 def test_swap_never_answers_with_another_models_logits(explicit: tuple[ServerProcess, Path]) -> None:
     server, root = explicit
-    outcomes: list[tuple[int, int]] = []
-    for trial in range(TRIALS):
-        def swap(top: int = 9 if trial % 2 == 0 else 8) -> None:
-            constant_artifact(root / "beta" / "1", top, "beta")  # rewritten in place
-            _control(server.url, "beta", "load")
-        _race(server.url, swap, lambda: None, outcomes)
-    print("F2 swap:", outcomes)
+    tops = itertools.cycle([9, 8])
+
+    def swap() -> None:
+        constant_artifact(root / "beta" / "1", next(tops), "beta")  # rewritten in place
+        _control(server.url, "beta", "load")
+
+    outcomes = _races(server.url, swap, lambda: None)
+    assert {top for status, top in outcomes if status == 200} == BETA_TOPS, outcomes  # both versions answered
 
 
 def test_poll_removal_never_answers_with_another_models_logits(tmp_path: Path) -> None:
     root = _repo(tmp_path / "repo")
-    outcomes: list[tuple[int, int]] = []
     with serving(root, "--model-control", "poll", "--poll-interval-s", "0.1", "--default-model", "alpha",
                  "--timeout-s", "0.4", "--max-wait-ms", "1") as server:
         def remove() -> None:
@@ -148,9 +168,7 @@ def test_poll_removal_never_answers_with_another_models_logits(tmp_path: Path) -
             constant_artifact(root / "beta" / "1", 8, "beta")
             _wait_routing(server.url, "beta", routed=True)
 
-        for _ in range(TRIALS):
-            _race(server.url, remove, restore, outcomes)
-    print("F2 poll removal:", outcomes)
+        _races(server.url, remove, restore)
 
 
 def test_a_failed_rewrite_in_place_shows_in_the_index(explicit: tuple[ServerProcess, Path]) -> None:
@@ -178,10 +196,7 @@ def test_unload_with_front_ends_never_answers_with_another_models_logits(tmp_pat
     """The same race with ``--frontends 1``: the front end holds its copy of beta's version, the engine
     process retires it."""
     root = _repo(tmp_path / "repo")
-    outcomes: list[tuple[int, int]] = []
     with serving(root, "--model-control", "explicit", "--load-model", "*", "--default-model", "alpha",
                  "--timeout-s", "0.4", "--max-wait-ms", "1", "--frontends", "1") as server:
-        for _ in range(TRIALS):
-            _race(server.url, lambda: _control(server.url, "beta", "unload"),
-                  lambda: _control(server.url, "beta", "load"), outcomes)
-    print("F2 unload --frontends 1:", outcomes)
+        _races(server.url, lambda: _control(server.url, "beta", "unload"),
+               lambda: _control(server.url, "beta", "load"))
