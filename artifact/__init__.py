@@ -3,6 +3,9 @@
 from .schema import (
     ARTIFACT_FORMAT_VERSION,
     ArtifactError,
+    FitMode,
+    Interpolation,
+    InvertMode,
     ModelArtifact,
     Preprocess,
     file_sha256,
@@ -13,6 +16,9 @@ from .schema import (
 __all__ = [
     "ARTIFACT_FORMAT_VERSION",
     "ArtifactError",
+    "FitMode",
+    "Interpolation",
+    "InvertMode",
     "ModelArtifact",
     "Preprocess",
     "file_sha256",
