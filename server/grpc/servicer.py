@@ -115,13 +115,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc()
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
-        mv = self.service.model(request.name, request.version or None)
-        return codec.model_metadata(oip.model_metadata(self.service, mv))
+        model_version = self.service.model(request.name, request.version or None)
+        return codec.model_metadata(oip.model_metadata(self.service, model_version))
 
     @rpc()
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        mv = self.service.model(request.name, request.version or None)
-        return codec.model_config(oip.model_config(self.service, mv))
+        model_version = self.service.model(request.name, request.version or None)
+        return codec.model_config(oip.model_config(self.service, model_version))
 
     @rpc()
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
@@ -189,8 +189,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                            "(the id is echoed in the answer); send a shorter id")
         if not service.host.knows(name):
             service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
-        with service.use(name, version) as mv:
-            art = mv.art
+        with service.use(name, version) as model_version:
+            art = model_version.art
             assert art is not None
             loop = asyncio.get_running_loop()
             raw = codec.raw_inputs(req) if raw is None else raw
@@ -199,11 +199,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             images = codec.decode_infer(*args) if codec.inline(raw) and regions is None else \
                 await loop.run_in_executor(service.pool, codec.decode_infer, *args)  # a region: read in the pool
             k, ref = codec.requested(req, art, len(images), regions)
-            logits = await oip.infer(service, mv, images, started)
+            logits = await oip.infer(service, model_version, images, started)
             if ref is not None and regions is not None:
                 oip.shm_output(regions, ref, art.output_name, logits)
-            return codec.encode_infer(req, logits, -1 if ref else k, art, mv.name, str(mv.version),
-                                      req.id or oip.random_id())
+            return codec.encode_infer(req, logits, -1 if ref else k, art, model_version.name,
+                                      str(model_version.version), req.id or oip.random_id())
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[InferCall],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
