@@ -258,7 +258,7 @@ class Batcher(BatchQueue):
                     self._queue.popleft()
                 if self._queue:
                     break
-            n = max(s for s in self.sizes if s <= len(self._queue))
+            n = max(size for size in self.sizes if size <= len(self._queue))
             batch = [self._queue.popleft() for _ in range(n)]
             self.metrics.queue_depth.set(len(self._queue))
             alone = not self._busy and not self._queue
@@ -304,7 +304,9 @@ class Batcher(BatchQueue):
             error: BaseException | None = None
         except Exception as e:  # delivered to every request in the batch; the thread keeps going
             log.exception("inference failed for a batch of %d", len(batch))
-            out, error, stacked = None, e, start
+            out = None
+            error = e
+            stacked = start
         took = time.perf_counter() - start
         self._per_image_s = 0.8 * self._per_image_s + 0.2 * took / len(batch) if self._per_image_s else \
             took / len(batch)

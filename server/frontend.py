@@ -11,6 +11,7 @@ from typing import Any
 import uvicorn
 
 from .pipeline.service import Service
+from .pipeline.sysshm import SharedMemoryRegistry
 from .runtime import announce, announce_grpc
 
 log = logging.getLogger("irpe.server")
@@ -18,11 +19,16 @@ log = logging.getLogger("irpe.server")
 
 class FrontEndServer(uvicorn.Server):
     """uvicorn.Server that also runs the gRPC server while it serves; ``announce``: print the bound addresses
-    once started (one process; the ``--frontends`` supervisor announces for its front ends)."""
+    once started (one process; the ``--frontends`` supervisor announces for its front ends). ``shm``: the client
+    shared memory registry the HTTP app holds, shared with the gRPC server."""
 
-    def __init__(self, config: uvicorn.Config, service: Service, announce: bool = True, reuse_port: bool = False):
+    def __init__(self, config: uvicorn.Config, service: Service, shm: SharedMemoryRegistry, announce: bool = True,
+                 reuse_port: bool = False):
         super().__init__(config)
-        self.service, self.announce, self.reuse_port = service, announce, reuse_port
+        self.service = service
+        self.shm = shm
+        self.announce = announce
+        self.reuse_port = reuse_port
         self.grpc: Any = None
         self.failure = ""
 
@@ -38,7 +44,7 @@ class FrontEndServer(uvicorn.Server):
         from .grpc.server import start_grpc
 
         try:
-            self.grpc, bound = await start_grpc(self.service, port, self.reuse_port)
+            self.grpc, bound = await start_grpc(self.service, self.shm, port, self.reuse_port)
         except RuntimeError as e:
             self.failure = f"{e} (is the port in use? pick another --grpc-port)"
             log.error("%s", self.failure)

@@ -70,7 +70,7 @@ def _serve_one(settings: Settings) -> None:
         raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
     tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    server = FrontEndServer(config, app.state.irpe)
+    server = FrontEndServer(config, app.state.irpe, app.state.shm)
     server.run()
     if server.failure:
         raise SystemExit(f"irpe serve: error: {server.failure}")
@@ -123,4 +123,3 @@ def _run_workers(settings: Settings) -> None:
     sock = config.bind_socket()
     announce(sock.getsockname())
     Multiprocess(config, sockets=[sock]).run()
-

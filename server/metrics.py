@@ -84,7 +84,8 @@ def triton_exposition(model_stats: list[dict[str, Any]]) -> bytes:
     """Triton's ``nv_inference_*`` families in the text format, from Triton statistics entries (each with
     ``fail_reasons``, and ``pending`` where the queue is in this process): the same numbers as
     ``/v2/models/stats``, in Triton's metric units and labels."""
-    rows = [(f'model="{_label(s["name"])}",version="{_label(s["version"])}"', _nv_samples(s)) for s in model_stats]
+    rows = [(f'model="{_label(entry["name"])}",version="{_label(entry["version"])}"', _nv_samples(entry))
+            for entry in model_stats]
     lines = []
     for name, kind, text in _NV:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]

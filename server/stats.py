@@ -81,7 +81,8 @@ class ModelStats:
         metric reason, for ``nv_inference_request_failure``)."""
         with self._lock:
             infer = {k: _duration(*v) for k, v in self._totals.items()}
-            infer["cache_hit"], infer["cache_miss"] = _duration(), _duration()
+            infer["cache_hit"] = _duration()
+            infer["cache_miss"] = _duration()
             batches = [{"batch_size": size, **{k: _duration(*v) for k, v in per.items()}}
                        for size, per in sorted(self._by_batch.items())]
             out = {"name": name, "version": version, "last_inference": self.last_inference_ms,

@@ -23,29 +23,29 @@ __all__ = ["Engine", "EngineError", "EngineInfo", "batch_sizes", "choose_backend
 log = logging.getLogger("irpe.server")
 
 
-def plan_path(directory: Path, art: ModelArtifact) -> Path:
+def plan_path(directory: Path, artifact: ModelArtifact) -> Path:
     """Where the artifact's TensorRT plan is (named by model.json ``engines.tensorrt.file``)."""
-    entry = art.engines.get("tensorrt", {})
+    entry = artifact.engines.get("tensorrt", {})
     return directory / str(entry.get("file") or entry.get("path") or "model.plan")
 
 
-def choose_backend(directory: Path, art: ModelArtifact, backend: str, device: str, precision: str = "auto") -> str:
+def choose_backend(directory: Path, artifact: ModelArtifact, backend: str, device: str, precision: str = "auto") -> str:
     """Resolve ``auto``: TensorRT on a GPU when the plan and the package exist; on a CPU, OpenVINO when it is
     installed and the artifact is int8 or runs in bf16 (``openvino_engine.preferred``: at fp32 both runtimes
     are equally fast, measured in ``irpe bench cpu``); else ONNX Runtime."""
     if backend != "auto":
         return backend
-    if device == "cuda" and plan_path(directory, art).is_file() and importlib.util.find_spec("tensorrt"):
+    if device == "cuda" and plan_path(directory, artifact).is_file() and importlib.util.find_spec("tensorrt"):
         return "tensorrt"
     if device == "cpu":
         from .openvino import preferred
 
-        if preferred(art, precision):
+        if preferred(artifact, precision):
             return "openvino"
     return "onnxruntime"
 
 
-def load_engine(directory: str | Path, art: ModelArtifact, *, backend: str = "auto", device: str = "cpu",
+def load_engine(directory: str | Path, artifact: ModelArtifact, *, backend: str = "auto", device: str = "cpu",
                 threads: int = 0, max_batch: int = 16, precision: str = "auto", streams: int = 1,
                 solo_threads: int = 0) -> Engine:
     """Build the engine for an artifact directory; raises EngineError with the fix on failure.
@@ -54,13 +54,13 @@ def load_engine(directory: str | Path, art: ModelArtifact, *, backend: str = "au
     that call ``run`` concurrently (OpenVINO compiles one stream each); ``solo_threads``: ONNX Runtime on a
     CPU also gets a session with that many threads for a batch that runs alone (``run_solo``)."""
     directory = Path(directory)
-    backend = choose_backend(directory, art, backend, device, precision)
+    backend = choose_backend(directory, artifact, backend, device, precision)
     if backend == "openvino":
         if device != "cpu":
             raise EngineError("--backend openvino runs on the CPU; use --device cpu")
         from .openvino import OpenVINOEngine
 
-        return OpenVINOEngine(directory / art.onnx_file, art, precision=precision, threads=threads,
+        return OpenVINOEngine(directory / artifact.onnx_file, artifact, precision=precision, threads=threads,
                               streams=streams, max_batch=max_batch)
     if precision == "bf16":
         raise EngineError(f"--precision bf16 needs --backend openvino ({backend} runs fp32 here); "
@@ -70,30 +70,29 @@ def load_engine(directory: str | Path, art: ModelArtifact, *, backend: str = "au
             raise EngineError("--backend tensorrt needs --device cuda")
         from .tensorrt import TensorRTEngine
 
-        return TensorRTEngine(plan_path(directory, art), art, max_batch=max_batch)
-    if art.rpe_plugin:
+        return TensorRTEngine(plan_path(directory, artifact), artifact, max_batch=max_batch)
+    if artifact.rpe_plugin:
         raise EngineError("this artifact's ONNX graph uses irpe:: plugin ops, which the torch-free server "
                           "cannot run in ONNX Runtime; re-export without --rpe-plugin (or serve its TensorRT "
                           "plan with --backend tensorrt)")
     from .onnxruntime import OrtEngine
 
-    return OrtEngine(directory / art.onnx_file, art, device=device, threads=threads, max_batch=max_batch,
+    return OrtEngine(directory / artifact.onnx_file, artifact, device=device, threads=threads, max_batch=max_batch,
                      solo_threads=solo_threads)
 
 
-def warm_up(engine: Engine, art: ModelArtifact) -> float:
+def warm_up(engine: Engine, artifact: ModelArtifact) -> float:
     """Run every batch size the batcher will use once; returns the seconds spent."""
     start = time.perf_counter()
-    shape = (3, art.preprocess.crop, art.preprocess.crop)
+    shape = (3, artifact.preprocess.crop, artifact.preprocess.crop)
     solo = getattr(engine, "run_solo", None)
     runs = [(engine.run, n) for n in engine.info.batch_sizes] + ([(solo, 1)] if solo else [])
     for run, n in runs:
         out = run(np.zeros((n, *shape), dtype=np.float32))
-        if out.shape != (n, art.num_classes):
-            raise EngineError(f"model output shape {out.shape} != ({n}, {art.num_classes}) from model.json; "
+        if out.shape != (n, artifact.num_classes):
+            raise EngineError(f"model output shape {out.shape} != ({n}, {artifact.num_classes}) from model.json; "
                               "re-export the artifact")
     keep = getattr(engine, "keep_solo", None)
     if keep is not None:
         keep(np.zeros((1, *shape), dtype=np.float32))
     return time.perf_counter() - start
-

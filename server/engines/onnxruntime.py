@@ -33,7 +33,7 @@ class OrtEngine(Engine):
     otherwise idle gets every core instead of its share (a lone request's latency). The warm-up keeps it
     only where it is faster (:meth:`keep_solo`)."""
 
-    def __init__(self, onnx_path: Path, art: ModelArtifact, *, device: str, threads: int, max_batch: int,
+    def __init__(self, onnx_path: Path, artifact: ModelArtifact, *, device: str, threads: int, max_batch: int,
                  solo_threads: int = 0):
         import onnxruntime as ort
         if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
@@ -52,22 +52,13 @@ class OrtEngine(Engine):
             raise EngineError("--device cuda: ONNX Runtime fell back to CPU (providers in use: "
                               f"{used}); check the CUDA and cuDNN libraries onnxruntime-gpu was built for are on the "
                               "library path")
-        inputs = {i.name: i for i in self.session.get_inputs()}
-        if art.input_name not in inputs:
-            raise EngineError(f"{onnx_path}: no input {art.input_name!r} (has {sorted(inputs)}); re-export")
-        spec = inputs[art.input_name]
-        want, found = [3, art.preprocess.crop, art.preprocess.crop], list(spec.shape[1:])
-        outputs = {o.name: list(o.shape) for o in self.session.get_outputs()}
-        out_shape = outputs.get(art.output_name, [None, None])
-        if all(isinstance(d, int) for d in found) and found != want or \
-                isinstance(out_shape[-1], int) and out_shape[-1] != art.num_classes:
-            raise EngineError(f"{onnx_path}: the graph takes {spec.shape} and gives {out_shape}, but model.json "
-                              f"says crop {art.preprocess.crop} and {art.num_classes} classes; re-export the artifact")
-        self.input_name, self.output_name = art.input_name, art.output_name
+        spec = _checked_input(self.session, onnx_path, artifact)
+        self.input_name = artifact.input_name
+        self.output_name = artifact.output_name
         self.dtype = np.float16 if spec.type == "tensor(float16)" else np.float32
         self.static_batch = spec.shape[0] if isinstance(spec.shape[0], int) else 0
         limit = min(max_batch, self.static_batch) if self.static_batch else max_batch
-        precision = "int8+fp32" if art.quantization.get("precision") == "int8" else "fp32"
+        precision = "int8+fp32" if artifact.quantization.get("precision") == "int8" else "fp32"
         if precision == "int8+fp32" and device == "cpu":
             log.warning(INT8_ON_CPU)
         self.info = EngineInfo("onnxruntime", device, list(used), list(spec.shape), limit, batch_sizes(limit),
@@ -107,6 +98,25 @@ class OrtEngine(Engine):
             feed = np.concatenate([feed, pad])
         (out,) = session.run([self.output_name], {self.input_name: feed})
         return np.asarray(out[:n], dtype=np.float32)
+
+
+def _checked_input(session: Any, onnx_path: Path, artifact: ModelArtifact) -> Any:
+    """The graph's image input, once its shape and the output's classes agree with model.json (else EngineError)."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    if artifact.input_name not in inputs:
+        raise EngineError(f"{onnx_path}: no input {artifact.input_name!r} (has {sorted(inputs)}); re-export")
+    spec = inputs[artifact.input_name]
+    want = [3, artifact.preprocess.crop, artifact.preprocess.crop]
+    found = list(spec.shape[1:])
+    outputs = {o.name: list(o.shape) for o in session.get_outputs()}
+    out_shape = outputs.get(artifact.output_name, [None, None])
+    shape_differs = all(isinstance(d, int) for d in found) and found != want
+    classes_differ = isinstance(out_shape[-1], int) and out_shape[-1] != artifact.num_classes
+    if shape_differs or classes_differ:
+        raise EngineError(f"{onnx_path}: the graph takes {spec.shape} and gives {out_shape}, but model.json "
+                          f"says crop {artifact.preprocess.crop} and {artifact.num_classes} classes; "
+                          "re-export the artifact")
+    return spec
 
 
 def _session(ort: Any, onnx_path: Path, threads: int, device: str, spin: bool = False,
@@ -167,4 +177,3 @@ def _require_cuda_driver() -> None:
         raise EngineError("--device cuda: no NVIDIA driver here (libcuda.so.1 not found); on a GPU host run the "
                           "container with --gpus all (NVIDIA container toolkit), or serve on the CPU with "
                           "--device cpu (the CPU image)") from None
-

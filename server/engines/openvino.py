@@ -61,7 +61,7 @@ def cpu_has_bf16(core: Any) -> bool:
     return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
-def resolve_precision(requested: str, art: ModelArtifact, has_bf16: bool) -> str:
+def resolve_precision(requested: str, artifact: ModelArtifact, has_bf16: bool) -> str:
     """The float precision actually used: fp32 or bf16 (see the module docstring)."""
     if requested == "fp32":
         return "fp32"
@@ -69,25 +69,25 @@ def resolve_precision(requested: str, art: ModelArtifact, has_bf16: bool) -> str
         if requested == "bf16":
             log.warning("--precision bf16: this CPU has no native bf16 (AVX512-BF16/AMX); running fp32")
         return "fp32"
-    if requested == "auto" and art_fidelity(art, "bf16").get("passed") is not True:
+    if requested == "auto" and art_fidelity(artifact, "bf16").get("passed") is not True:
         return "fp32"
     return "bf16"
 
 
-def preferred(art: ModelArtifact, precision: str) -> bool:
-    """Whether ``--backend auto`` should run ``art`` on OpenVINO rather than ONNX Runtime on this CPU."""
-    if art.rpe_plugin or not openvino_available():
+def preferred(artifact: ModelArtifact, precision: str) -> bool:
+    """Whether ``--backend auto`` should run ``artifact`` on OpenVINO rather than ONNX Runtime on this CPU."""
+    if artifact.rpe_plugin or not openvino_available():
         return False
-    if str(art_quantization(art).get("precision", "")) == "int8" or precision == "bf16":
+    if str(art_quantization(artifact).get("precision", "")) == "int8" or precision == "bf16":
         return True
     import openvino as ov
 
-    return resolve_precision(precision, art, cpu_has_bf16(ov.Core())) == "bf16"
+    return resolve_precision(precision, artifact, cpu_has_bf16(ov.Core())) == "bf16"
 
 
-def art_fidelity(art: ModelArtifact, key: str) -> dict[str, Any]:
+def art_fidelity(artifact: ModelArtifact, key: str) -> dict[str, Any]:
     """``model.json`` fidelity report ``key`` (``int8``, ``bf16``), or {} when absent."""
-    report = getattr(art, "fidelity", None) or {}
+    report = getattr(artifact, "fidelity", None) or {}
     value = report.get(key) if isinstance(report, dict) else None
     return value if isinstance(value, dict) else {}
 
@@ -118,30 +118,30 @@ def compile_onnx(onnx_path: str | Path, *, precision: str = "fp32", threads: int
 class OpenVINOEngine(Engine):
     """An OpenVINO CompiledModel on the CPU, one infer request per calling thread."""
 
-    def __init__(self, onnx_path: Path, art: ModelArtifact, *, precision: str = "auto", threads: int = 0,
+    def __init__(self, onnx_path: Path, artifact: ModelArtifact, *, precision: str = "auto", threads: int = 0,
                  streams: int = 1, max_batch: int = 16):
         ov = import_openvino()
-        if art.rpe_plugin:
+        if artifact.rpe_plugin:
             raise EngineError("this artifact's ONNX graph uses irpe:: plugin ops, which OpenVINO cannot run; "
                               "re-export without --rpe-plugin")
-        self.float_precision = resolve_precision(precision, art, cpu_has_bf16(ov.Core()))
+        self.float_precision = resolve_precision(precision, artifact, cpu_has_bf16(ov.Core()))
         self.compiled = compile_onnx(onnx_path, precision=self.float_precision, threads=threads, streams=streams)
         inputs = {i.get_any_name(): i for i in self.compiled.inputs}
-        if art.input_name not in inputs:
-            raise EngineError(f"{onnx_path}: no input {art.input_name!r} (has {sorted(inputs)}); re-export")
-        shape = inputs[art.input_name].get_partial_shape()
+        if artifact.input_name not in inputs:
+            raise EngineError(f"{onnx_path}: no input {artifact.input_name!r} (has {sorted(inputs)}); re-export")
+        shape = inputs[artifact.input_name].get_partial_shape()
         found = [d.get_length() if d.is_static else -1 for d in shape]
-        crop = art.preprocess.crop
+        crop = artifact.preprocess.crop
         if len(found) != 4 or any(f not in (-1, w) for f, w in zip(found[1:], [3, crop, crop], strict=True)):
             raise EngineError(f"{onnx_path}: the graph takes {found}, but model.json says crop {crop}; "
                               "re-export the artifact")
-        self.input_name = art.input_name
+        self.input_name = artifact.input_name
         try:
-            self.output_port = self.compiled.output(art.output_name)
+            self.output_port = self.compiled.output(artifact.output_name)
         except RuntimeError:
-            raise EngineError(f"{onnx_path}: no output {art.output_name!r}; re-export the artifact") from None
+            raise EngineError(f"{onnx_path}: no output {artifact.output_name!r}; re-export the artifact") from None
         self._local = threading.local()
-        int8 = str(art_quantization(art).get("precision", "")) == "int8"
+        int8 = str(art_quantization(artifact).get("precision", "")) == "int8"
         precision_name = ("int8+" if int8 else "") + self.float_precision
         limit = max_batch if found[0] == -1 else min(max_batch, found[0])
         self.info = EngineInfo("openvino", "cpu", [f"OpenVINO {ov.get_version().split('-')[0]} CPU"],
@@ -159,7 +159,7 @@ class OpenVINOEngine(Engine):
         return np.array(out[self.output_port], dtype=np.float32)  # a copy: the request reuses its buffer
 
 
-def art_quantization(art: ModelArtifact) -> dict[str, Any]:
+def art_quantization(artifact: ModelArtifact) -> dict[str, Any]:
     """``model.json`` ``quantization`` (empty for a float artifact)."""
-    q = getattr(art, "quantization", None)
+    q = getattr(artifact, "quantization", None)
     return q if isinstance(q, dict) else {}

@@ -61,7 +61,8 @@ def device_capability(cudart: Any) -> str:
 
 def check_build_environment(entry: dict[str, Any], trt_version: str, capability: str, plan: Path) -> None:
     """EngineError when model.json says the plan was built with another TensorRT or for another GPU."""
-    built_trt, built_cc = entry.get("tensorrt_version"), entry.get("compute_capability")
+    built_trt = entry.get("tensorrt_version")
+    built_cc = entry.get("compute_capability")
     problems = []
     if built_trt and built_trt.split(".")[:3] != trt_version.split(".")[:3]:
         problems.append(f"TensorRT {built_trt}, this host has {trt_version}")
@@ -86,25 +87,27 @@ class _Slot:
 class TensorRTEngine(Engine):
     """Deserialises ``model.plan``; runs batches on a pool of per-profile contexts (see module doc)."""
 
-    def __init__(self, plan: Path, art: ModelArtifact, *, max_batch: int):
+    def __init__(self, plan: Path, artifact: ModelArtifact, *, max_batch: int):
         if not plan.is_file():
             raise EngineError(f"{plan}: no TensorRT plan; run `irpe export --format tensorrt` on a GPU host")
         trt, self.cudart = _import_runtime()
-        check_build_environment(dict(art.engines.get("tensorrt", {})), trt.__version__,
+        check_build_environment(dict(artifact.engines.get("tensorrt", {})), trt.__version__,
                                 device_capability(self.cudart), plan)
         self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan.read_bytes())
         if self.engine is None:
             raise EngineError(f"{plan}: TensorRT could not deserialise it (built for another GPU or "
                               "TensorRT version?); rebuild it on this host")
-        self.input_name, self.output_name = art.input_name, art.output_name
+        self.input_name = artifact.input_name
+        self.output_name = artifact.output_name
         self.in_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.input_name)))
         self.out_dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(self.output_name)))
-        self.classes, crop = art.num_classes, art.preprocess.crop
+        self.classes = artifact.num_classes
+        crop = artifact.preprocess.crop
         self._slots: queue.Queue[_Slot] = queue.Queue()
         profiles = max(1, int(getattr(self.engine, "num_optimization_profiles", 1)))
         for profile in range(profiles):
             self._slots.put(self._make_slot(profile, max_batch, crop))
-        limit = min(s.limit for s in list(self._slots.queue))
+        limit = min(slot.limit for slot in list(self._slots.queue))
         self.info = EngineInfo("tensorrt", "cuda", ["TensorRT"], [-1, 3, crop, crop], limit, batch_sizes(limit))
 
     def _make_slot(self, profile: int, max_batch: int, crop: int) -> _Slot:
@@ -127,12 +130,14 @@ class TensorRTEngine(Engine):
             self._slots.put(slot)
 
     def _run(self, slot: _Slot, images: np.ndarray) -> np.ndarray:
-        cudart, n = self.cudart, images.shape[0]
+        cudart = self.cudart
+        n = images.shape[0]
         if n > slot.limit:
             raise EngineError(f"batch of {n} exceeds the plan's maximum batch {slot.limit}")
         feed = np.ascontiguousarray(images, dtype=self.in_dtype)
         out = np.empty((n, self.classes), dtype=self.out_dtype)
-        h2d, d2h = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         ctx = slot.context
         ctx.set_input_shape(self.input_name, tuple(feed.shape))
         ctx.set_tensor_address(self.input_name, int(slot.d_in))

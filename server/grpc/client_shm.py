@@ -18,17 +18,16 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import APIError
 from ..pipeline.peer import grpc_peer, loopback_uid
-from ..pipeline.service import Service
-from ..pipeline.sysshm import OwnedRegions
+from ..pipeline.sysshm import OwnedRegions, SharedMemoryRegistry
 
 PEER: ContextVar[str] = ContextVar("irpe_grpc_peer", default="")  # context.peer() of the running call
 
 
-async def client_regions(service: Service, peer: str, what: str) -> OwnedRegions:
+async def client_regions(registry: SharedMemoryRegistry, peer: str, what: str) -> OwnedRegions:
     """The regions of the local user on the other end of a call.
 
     Args:
-        service: the process's service (its registry: ``service.shm``).
+        registry: the process's client shared memory (the HTTP front end's too).
         peer: the call's ``context.peer()``.
         what: what the call asks, for the error message.
 
@@ -38,43 +37,43 @@ async def client_regions(service: Service, peer: str, what: str) -> OwnedRegions
     Raises:
         APIError: 403 when client shared memory is off or the peer is not a local user.
     """
-    service.shm.require_enabled()
+    registry.require_enabled()
     endpoint = grpc_peer(peer)
     uid = await asyncio.to_thread(loopback_uid, endpoint) if endpoint is not None else None
     if uid is None:
         raise APIError(403, "forbidden", f"{what} refused: client shared memory is for local clients, and the peer "
                        f"{peer[:80]!r} is not a loopback TCP connection of one local user (connect to 127.0.0.1 or "
                        "[::1] from the machine that holds the segment)")
-    return service.shm.owned_by(uid)
+    return registry.owned_by(uid)
 
 
-async def request_regions(service: Service, req: pb.ModelInferRequest) -> OwnedRegions | None:
+async def request_regions(registry: SharedMemoryRegistry, req: pb.ModelInferRequest) -> OwnedRegions | None:
     """The caller's regions for an inference request that names one (the peer from :data:`PEER`); None for a
     request that names none (403 as :func:`client_regions`)."""
     if not any("shared_memory_region" in t.parameters for t in (*req.inputs, *req.outputs)):
         return None
-    return await client_regions(service, PEER.get(), "an inference request that names a shared memory region")
+    return await client_regions(registry, PEER.get(), "an inference request that names a shared memory region")
 
 
-async def register(service: Service, request: pb.SystemSharedMemoryRegisterRequest, peer: str) -> None:
+async def register(registry: SharedMemoryRegistry, request: pb.SystemSharedMemoryRegisterRequest, peer: str) -> None:
     """SystemSharedMemoryRegister: ``request.key``'s bytes as the caller's region ``request.name``."""
-    regions = await client_regions(service, peer, "registering shared memory")
-    service.shm.register(request.name, request.key, request.offset, request.byte_size, owner=regions.owner)
+    regions = await client_regions(registry, peer, "registering shared memory")
+    registry.register(request.name, request.key, request.offset, request.byte_size, owner=regions.owner)
 
 
-async def status(service: Service, name: str | None, peer: str) -> list[dict[str, Any]]:
+async def status(registry: SharedMemoryRegistry, name: str | None, peer: str) -> list[dict[str, Any]]:
     """SystemSharedMemoryStatus: the caller's regions, or the one named (NOT_FOUND when it has none of that
     name); none while client shared memory is off."""
-    if not service.shm.enabled:
+    if not registry.enabled:
         if name is not None:
             raise APIError(404, "not_found", f"Unable to find system shared memory region: {name!r}")
         return []
-    regions = await client_regions(service, peer, "shared memory status")
-    return service.shm.status(name, owner=regions.owner)
+    regions = await client_regions(registry, peer, "shared memory status")
+    return registry.status(name, owner=regions.owner)
 
 
-async def unregister(service: Service, name: str | None, peer: str) -> None:
+async def unregister(registry: SharedMemoryRegistry, name: str | None, peer: str) -> None:
     """SystemSharedMemoryUnregister: the caller's region ``name``, or all the caller's regions (None)."""
-    if service.shm.enabled:
-        regions = await client_regions(service, peer, "unregistering shared memory")
-        service.shm.unregister(name, owner=regions.owner)
+    if registry.enabled:
+        regions = await client_regions(registry, peer, "unregistering shared memory")
+        registry.unregister(name, owner=regions.owner)

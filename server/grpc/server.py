@@ -12,6 +12,7 @@ from __future__ import annotations
 import grpc
 
 from ..pipeline.service import Service
+from ..pipeline.sysshm import SharedMemoryRegistry
 from .gate import CallGate
 from .handlers import service_handler
 from .health import add_standard_services, end_standard_services
@@ -25,12 +26,14 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_grpc(service: Service, port: int, reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
+async def start_grpc(service: Service, shm: SharedMemoryRegistry, port: int,
+                     reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
     """A started gRPC server on ``--host`` and ``port`` (0: a free one) and the port it bound; RuntimeError
-    when it cannot bind. ``reuse_port``: share the port with the other front ends."""
+    when it cannot bind. ``shm``: the process's client shared memory (the HTTP app's); ``reuse_port``: share
+    the port with the other front ends."""
     s = service.settings
     limits = GrpcLimits.from_settings(s)
-    servicer = InferenceServicer(service)
+    servicer = InferenceServicer(service, shm)
     gate = CallGate(s, limits, servicer.observe)
     server = grpc.aio.server(options=limits.channel_options(reuse_port), interceptors=(gate,),
                              maximum_concurrent_rpcs=s.max_connections)

@@ -25,6 +25,7 @@ from ..errors import APIError
 from ..pipeline import oip
 from ..pipeline.control import check_admin, run_control
 from ..pipeline.service import Service
+from ..pipeline.sysshm import SharedMemoryRegistry
 from . import client_shm, codec
 from .gate import MessageError
 from .handlers import InferCall
@@ -76,8 +77,9 @@ def rpc() -> Callable[[Handler], Handler]:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The RPCs (the CUDA shared-memory, log and trace RPCs answer UNIMPLEMENTED)."""
 
-    def __init__(self, service: Service):
+    def __init__(self, service: Service, shm: SharedMemoryRegistry):
         self.service = service
+        self.shm = shm  # client shared memory, the HTTP front end's too
         self._series: dict[tuple[str, grpc.StatusCode], tuple[Any, Any]] = {}
 
     def observe(self, route: str, code: grpc.StatusCode, seconds: float) -> None:
@@ -154,18 +156,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @rpc()
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
                                          context: Any) -> pb.SystemSharedMemoryRegisterResponse:
-        await client_shm.register(self.service, request, context.peer())
+        await client_shm.register(self.shm, request, context.peer())
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc()
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        context: Any) -> pb.SystemSharedMemoryStatusResponse:
-        return codec.shm_status(await client_shm.status(self.service, request.name or None, context.peer()))
+        return codec.shm_status(await client_shm.status(self.shm, request.name or None, context.peer()))
 
     @rpc()
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
                                            context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
-        await client_shm.unregister(self.service, request.name or None, context.peer())
+        await client_shm.unregister(self.shm, request.name or None, context.peer())
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc()
@@ -194,7 +196,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             assert art is not None
             loop = asyncio.get_running_loop()
             raw = codec.raw_inputs(req) if raw is None else raw
-            regions = await client_shm.request_regions(service, req)  # None unless it names a region
+            regions = await client_shm.request_regions(self.shm, req)  # None unless it names a region
             args = (req, art, oip.max_images(service), regions, raw)
             images = codec.decode_infer(*args) if codec.inline(raw) and regions is None else \
                 await loop.run_in_executor(service.pool, codec.decode_infer, *args)  # a region: read in the pool

@@ -24,6 +24,7 @@ from irpe.artifact import ArtifactError
 from ..config import Settings
 from ..engines import EngineError
 from ..pipeline.service import Service, local_service
+from ..pipeline.sysshm import SharedMemoryRegistry
 from ..runtime import configure_logging
 from . import classify, infer_fast, kserve, routes, triton_ext
 from .errors import drop_default_validation_error, install_error_handlers
@@ -48,6 +49,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         await warm
         await asyncio.to_thread(service.shutdown)
+        app.state.shm.close()
         log.info("batcher drained; bye")
 
 
@@ -61,11 +63,13 @@ class IrpeApp(FastAPI):
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if self.classify_stack is not None and (params := classify.fast_params(scope)) is not None:
-            scope["app"], scope["irpe.classify"] = self, params
+            scope["app"] = self
+            scope["irpe.classify"] = params
             await self.classify_stack(scope, receive, send)
             return
         if self.infer_stack is not None and (names := infer_fast.infer_params(scope)) is not None:
-            scope["app"], scope["irpe.infer"] = self, names
+            scope["app"] = self
+            scope["irpe.infer"] = names
             await self.infer_stack(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
@@ -80,6 +84,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
                   "/classify; KServe v2 / Triton clients use /v2.")
     service = service or local_service(settings)
     app.state.irpe = service
+    app.state.shm = SharedMemoryRegistry.from_settings(settings)  # client shared memory, HTTP's and gRPC's
     install_error_handlers(app)
     app.include_router(classify.router)
     app.include_router(routes.router)

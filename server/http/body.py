@@ -30,7 +30,9 @@ async def read_limited(request: Request, limit: int) -> bytes:
     """The whole body (at most ``limit`` bytes): the ASGI messages read directly (no async-generator chain;
     a body in one message is returned without a copy)."""
     check_content_length(request, limit)
-    receive, chunks, total = request.receive, [], 0
+    receive = request.receive
+    chunks = []
+    total = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -82,33 +82,34 @@ async def classify_body(request: Request, service: Service, k: int, model: str |
     """The JSON answer of ``POST /classify?top_k=k&model=&version=`` (APIError for every 4xx/5xx answer);
     shared by the route and the ASGI fast path in front of FastAPI (:class:`ClassifyEndpoint`)."""
     started = time.perf_counter()
-    with service.use(model, version) as mv:
-        return await _classify(request, service, mv, k, started)
+    with service.use(model, version) as model_version:
+        return await _classify(request, service, model_version, k, started)
 
 
-async def _classify(request: Request, service: Service, mv: ModelVersion, k: int, started: float) -> bytes:
-    art = mv.art
-    assert art is not None
-    if k > art.num_classes:
-        raise APIError(422, "validation_error", f"query.top_k: must be between 1 and {art.num_classes}")
-    s = service.settings
-    blobs = await read_images(request, s.max_body_bytes, s.max_images)
+async def _classify(request: Request, service: Service, model_version: ModelVersion, k: int, started: float) -> bytes:
+    artifact = model_version.art
+    assert artifact is not None
+    if k > artifact.num_classes:
+        raise APIError(422, "validation_error", f"query.top_k: must be between 1 and {artifact.num_classes}")
+    settings = service.settings
+    blobs = await read_images(request, settings.max_body_bytes, settings.max_images)
     service.admit(len(blobs))
 
     async def work() -> tuple[list[np.ndarray], float, list[Result]]:
         """Decode, then queue for inference."""
-        arrays, decode_s = await service.preprocess(blobs, art, deadline=started + s.timeout_s)
-        return arrays, decode_s, await service.infer(arrays, mv)
+        arrays, decode_s = await service.preprocess(blobs, artifact, deadline=started + settings.timeout_s)
+        return arrays, decode_s, await service.infer(arrays, model_version)
 
     try:
-        _, decode_s, results = await service.with_deadline(work(), started)  # type: ignore[misc]
+        _, decode_s, results = await service.with_deadline(work(), started)
     finally:
         service.release(len(blobs))
     if not all(np.isfinite(r.logits).all() for r in results):
-        log.error("model %s produced non-finite logits on /classify", mv.name)
+        log.error("model %s produced non-finite logits on /classify", model_version.name)
         raise APIError(500, "non_finite_output", "the model produced NaN/Inf logits for this image")
-    preds = [top_k(r.logits, k, art.labels) for r in results]
-    return orjson.dumps({"model": mv.name, "version": str(mv.version), "predictions": preds,  # ~10x json's speed
+    preds = [top_k(r.logits, k, artifact.labels) for r in results]
+    version = str(model_version.version)
+    return orjson.dumps({"model": model_version.name, "version": version, "predictions": preds,  # ~10x json's speed
                          "timing_ms": _timing(decode_s, results, started),
                          "batch_size": max(r.batch_size for r in results)})
 

@@ -52,7 +52,7 @@ class ErrorResponse(BaseModel):
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` declaring :class:`ErrorResponse` for ``statuses``."""
-    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+    return {status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]} for status in statuses}
 
 
 class V2ErrorResponse(BaseModel):
@@ -64,7 +64,7 @@ class V2ErrorResponse(BaseModel):
 
 def v2_error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` declaring :class:`V2ErrorResponse` for ``statuses``."""
-    return {s: {"model": V2ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+    return {status: {"model": V2ErrorResponse, "description": _DESCRIPTIONS[status]} for status in statuses}
 
 
 def is_v2(path: str) -> bool:

@@ -51,14 +51,14 @@ class Decoded(NamedTuple):
     output_refs: list[oip.ShmRef]
 
 
-def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifact, limit: int,
+def _decode(raw: bytes, encoding: str, header_len: str | None, artifact: ModelArtifact, limit: int,
             max_images: int) -> Decoded:
     """Inflate, parse and validate (in the decode pool): every check before any inference. An input in a client
     shared-memory region is not read here (:func:`_shm_images`)."""
     body = codec.inflate(raw, encoding, limit)
     split = codec.header_length(header_len, len(body))
-    req, spec = codec.parse_request(body[:split], art)
-    outputs = [out.shm for out in codec.requested_outputs(req, art) if out.shm is not None]  # checked before
+    req, spec = codec.parse_request(body[:split], artifact)
+    outputs = [out.shm for out in codec.requested_outputs(req, artifact) if out.shm is not None]  # checked before
     ref = codec.input_region(spec)
     images = None if ref is not None else codec.input_array(spec, body, split, max_images)
     return Decoded(req, spec, images, ref, outputs)
@@ -67,8 +67,7 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, art: ModelArtifac
 async def _shm_images(request: Request, service: Service, decoded: Decoded) -> tuple[np.ndarray, OwnedRegions]:
     """For a request that names a client shared-memory region: the refusals of :func:`.shm_access.client_regions`,
     every named region checked, and the input read in the decode pool (never on the event loop)."""
-    regions = await shm_access.client_regions(request, service, "an inference request that names a shared "
-                                              "memory region")
+    regions = await shm_access.client_regions(request, "an inference request that names a shared memory region")
     for ref in decoded.output_refs:
         regions.check(*ref)
     images = decoded.images
@@ -99,29 +98,31 @@ async def infer_answer(request: Request, service: Service, name: str, version: s
     started = time.perf_counter()
     if not service.host.knows(name):
         service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
-    with service.use(name, version) as mv:
-        return await _infer_on(request, service, mv, started)
+    with service.use(name, version) as model_version:
+        return await _infer_on(request, service, model_version, started)
 
 
-async def _infer_on(request: Request, service: Service, mv: ModelVersion, started: float,
+async def _infer_on(request: Request, service: Service, model_version: ModelVersion, started: float,
                     ) -> tuple[bytes, dict[str, str], str]:
     """Parse and render on the event loop when small and uncompressed (a thread hop each costs more than the
     work: the GIL changes hands twice), in the decode pool otherwise."""
-    art = mv.art
-    assert art is not None
-    s = service.settings
-    raw = await read_limited(request, s.max_body_bytes)
+    artifact = model_version.art
+    assert artifact is not None
+    settings = service.settings
+    raw = await read_limited(request, settings.max_body_bytes)
     loop = asyncio.get_running_loop()
     encoding = request.headers.get("content-encoding", "")
-    args = (raw, encoding, request.headers.get(HEADER_LEN), art, s.max_body_bytes, oip.max_images(service))
+    args = (raw, encoding, request.headers.get(HEADER_LEN), artifact, settings.max_body_bytes, oip.max_images(service))
     decoded = _decode(*args) if _inline(raw, encoding, args[2]) else \
         await loop.run_in_executor(service.pool, _decode, *args)
-    req, images, regions = decoded.req, decoded.images, None
+    req = decoded.req
+    images = decoded.images
+    regions = None
     if decoded.input_ref is not None or decoded.output_refs:
         images, regions = await _shm_images(request, service, decoded)
     assert images is not None
-    logits = await oip.infer(service, mv, images, started)
-    render = (req, _request_id(request), logits, art, mv.name, str(mv.version), regions)
+    logits = await oip.infer(service, model_version, images, started)
+    render = (req, _request_id(request), logits, artifact, model_version.name, str(model_version.version), regions)
     body, json_len = codec.render(*render) if logits.size <= INLINE_VALUES else \
         await loop.run_in_executor(service.pool, codec.render, *render)
     headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}
@@ -161,7 +162,7 @@ async def ready(request: Request) -> JSONResponse:
 @router.get("/models", responses=v2_error_responses(401))
 async def list_models(request: Request) -> dict[str, list[str]]:
     """KServe's model list: the names of the served models."""
-    return {"models": sorted({mv.name for mv in service_of(request).host.versions()})}
+    return {"models": sorted({model_version.name for model_version in service_of(request).host.versions()})}
 
 
 @router.get("/models/stats", responses=v2_error_responses(401))

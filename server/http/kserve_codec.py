@@ -75,7 +75,7 @@ def _flag(params: dict[str, Any], key: str, where: str, default: bool = False) -
     return value
 
 
-def parse_request(header: bytes, art: ModelArtifact) -> tuple[dict[str, Any], dict[str, Any]]:
+def parse_request(header: bytes, artifact: ModelArtifact) -> tuple[dict[str, Any], dict[str, Any]]:
     """The request object and its one input spec, validated against the model metadata."""
     req = loads(header)
     if not isinstance(req, dict):
@@ -85,9 +85,9 @@ def parse_request(header: bytes, art: ModelArtifact) -> tuple[dict[str, Any], di
     _parameters(req, "request")
     inputs = req.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise ProtocolError(f"expected exactly one input {art.input_name!r}")
+        raise ProtocolError(f"expected exactly one input {artifact.input_name!r}")
     spec = inputs[0]
-    oip.check_input(spec.get("name"), spec.get("datatype"), spec.get("shape"), art)
+    oip.check_input(spec.get("name"), spec.get("datatype"), spec.get("shape"), artifact)
     _parameters(spec, "input")
     return req, spec
 
@@ -150,18 +150,18 @@ class Output(NamedTuple):
     shm: oip.ShmRef | None = None
 
 
-def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[Output]:
+def requested_outputs(req: dict[str, Any], artifact: ModelArtifact) -> list[Output]:
     """One :class:`Output` per requested output: at most one entry per model output (H1)."""
     default_binary = _flag(_parameters(req, "request"), "binary_data_output", "request")
     wanted = req.get("outputs")
     if wanted is None or wanted == []:  # none listed: every model output, with the request's default
         return [Output(0, default_binary)]
     if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
-        raise ProtocolError(f'outputs must be a list of objects like {{"name": "{art.output_name}"}}')
+        raise ProtocolError(f'outputs must be a list of objects like {{"name": "{artifact.output_name}"}}')
     out = []
     for o in wanted:
         params = _parameters(o, "output")
-        k = oip.classification(o.get("name"), params, art, len(wanted))
+        k = oip.classification(o.get("name"), params, artifact, len(wanted))
         ref = oip.shm_ref(params, "output")
         if ref is not None and k:
             raise ProtocolError("an output can't set both 'shared_memory_region' and 'classification'")
@@ -169,24 +169,24 @@ def requested_outputs(req: dict[str, Any], art: ModelArtifact) -> list[Output]:
     return out
 
 
-def render(req: dict[str, Any], request_id: str, logits: np.ndarray, art: ModelArtifact, name: str = "",
+def render(req: dict[str, Any], request_id: str, logits: np.ndarray, artifact: ModelArtifact, name: str = "",
            version: str = "1", shm: OwnedRegions | None = None) -> tuple[bytes, int | None]:
     """The response body, and the JSON header length when binary outputs follow it (``name``/``version``:
     the model version that computed it; default: model.json's name, version 1)."""
-    head: dict[str, Any] = {"model_name": name or art.name, "model_version": version, "id": req.get("id") or request_id,
-                            "outputs": []}
+    head: dict[str, Any] = {"model_name": name or artifact.name, "model_version": version,
+                            "id": req.get("id") or request_id, "outputs": []}
     blobs = []
-    for k, binary, ref in requested_outputs(req, art):
+    for k, binary, ref in requested_outputs(req, artifact):
         if ref is not None:  # written to the client's region; the answer names it without data
-            oip.shm_output(_registry(shm), ref, art.output_name, logits)
-            head["outputs"].append({"name": art.output_name, "datatype": DATATYPE, "shape": list(logits.shape)})
+            oip.shm_output(_registry(shm), ref, artifact.output_name, logits)
+            head["outputs"].append({"name": artifact.output_name, "datatype": DATATYPE, "shape": list(logits.shape)})
             continue
         if k:
-            out: dict[str, Any] = {"name": art.output_name, "datatype": "BYTES", "shape": [len(logits), k]}
-            strings = oip.classes(logits, k, art.labels)
+            out: dict[str, Any] = {"name": artifact.output_name, "datatype": "BYTES", "shape": [len(logits), k]}
+            strings = oip.classes(logits, k, artifact.labels)
             blob, data = (oip.bytes_tensor(strings), None) if binary else (b"", strings)
         else:
-            out = {"name": art.output_name, "datatype": DATATYPE, "shape": list(logits.shape)}
+            out = {"name": artifact.output_name, "datatype": DATATYPE, "shape": list(logits.shape)}
             flat = np.ascontiguousarray(logits, dtype="<f4")
             blob, data = (flat.tobytes(), None) if binary else (b"", flat.reshape(-1).tolist())
         if binary:

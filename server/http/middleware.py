@@ -67,6 +67,7 @@ class ObserveMiddleware:
     def __init__(self, app: Any, service: Service):
         self.app = app
         self.service = service
+        self.allowed_hosts = service.settings.host_allowlist()  # the Host names served (empty: any)
         self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -76,7 +77,7 @@ class ObserveMiddleware:
         start = time.perf_counter()
         status = [500]
         key = self.service.settings.api_key
-        allowed = self.service.allowed_hosts
+        allowed = self.allowed_hosts
         if allowed and host_name(scope) not in allowed:
             status[0] = 421
             await send_json(send, 421, error_body_for(
@@ -115,7 +116,8 @@ class ObserveMiddleware:
             """Record the status as the response starts."""
             nonlocal started
             if message["type"] == "http.response.start":
-                started, status[0] = True, message["status"]
+                started = True
+                status[0] = message["status"]
             await send(message)
 
         try:

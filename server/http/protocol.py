@@ -46,9 +46,9 @@ class Limits:
     whole_body_bytes: int = 8 * 1024 * 1024  # collected before the app is woken (see the module docstring)
 
     @classmethod
-    def from_settings(cls, s: Settings) -> Limits:
-        return cls(s.max_header_kb * 1024, s.header_timeout_s, s.body_timeout_s, s.max_connections,
-                   min(8 * 1024 * 1024, s.max_body_bytes))
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(settings.max_header_kb * 1024, settings.header_timeout_s, settings.body_timeout_s,
+                   settings.max_connections, min(8 * 1024 * 1024, settings.max_body_bytes))
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
@@ -130,7 +130,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout_s, "head")
 
     def on_headers_complete(self) -> None:
-        self._in_head, self._head_bytes = False, 0
+        self._in_head = False
+        self._head_bytes = 0
         self._arm(self.limits.body_timeout_s, "body")
         super().on_headers_complete()
         self._chunks = [] if self._collect_whole() else None

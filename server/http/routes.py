@@ -14,7 +14,7 @@ from ..errors import APIError
 from ..hosting.host import ModelVersion
 from ..metrics import triton_exposition
 from ..pipeline import oip
-from ..pipeline.service import Service
+from ..pipeline.service import Readiness, Service
 from .errors import error_responses
 from .middleware import authorized
 
@@ -34,18 +34,18 @@ def service_of(request: Request) -> Service:
     return request.app.state.irpe
 
 
-def model_metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
+def model_metadata(service: Service, model_version: ModelVersion) -> dict[str, Any]:
     """model.json facts plus what is actually running."""
-    art = mv.art
-    assert art is not None
-    info = mv.info
-    return {"name": mv.name, "version": str(mv.version), "architecture": art.architecture,
-            "img_size": art.img_size, "num_classes": art.num_classes, "labels": art.labels,
-            "preprocess": art.to_dict()["preprocess"], "opset": art.opset, "versions": art.versions,
-            "parity": art.parity, "ready": mv.ready,
+    artifact = model_version.art
+    assert artifact is not None
+    info = model_version.info
+    return {"name": model_version.name, "version": str(model_version.version), "architecture": artifact.architecture,
+            "img_size": artifact.img_size, "num_classes": artifact.num_classes, "labels": artifact.labels,
+            "preprocess": artifact.to_dict()["preprocess"], "opset": artifact.opset, "versions": artifact.versions,
+            "parity": artifact.parity, "ready": model_version.ready,
             "backend": info.backend if info else None, "device": info.device if info else None,
-            "precision": info.precision if info else None, "quantization": art.quantization,
-            "fidelity": art.fidelity,
+            "precision": info.precision if info else None, "quantization": artifact.quantization,
+            "fidelity": artifact.fidelity,
             "providers": info.providers if info else [], "custom_ops": info.custom_ops if info else [],
             "batch_sizes": info.batch_sizes if info else [],
             "max_wait_ms": service.settings.max_wait_ms, "jpeg_draft": service.settings.jpeg_draft}
@@ -55,14 +55,14 @@ def model_metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
 async def list_models(request: Request) -> dict[str, Any]:
     """Metadata of every served model version (from model.json) and the engine running it."""
     service = service_of(request)
-    return {"models": [model_metadata(service, mv) for mv in service.host.versions(failed=True)]}
+    return {"models": [model_metadata(service, model_version) for model_version in service.host.versions(failed=True)]}
 
 
 @router.get("/v1/models/{name}", tags=["models"], responses=error_responses(401, 404, 500))
 async def get_model(request: Request, name: str) -> dict[str, Any]:
     """Metadata of one model's newest version (404 for a name not served)."""
     service = service_of(request)
-    mine = [mv for mv in service.host.versions(failed=True) if mv.name == name]
+    mine = [model_version for model_version in service.host.versions(failed=True) if model_version.name == name]
     if not mine:
         raise APIError(404, "model_not_found", f"no model {name!r}; see /v1/models")
     return model_metadata(service, max(mine, key=lambda m: m.version))
@@ -91,10 +91,19 @@ async def readyz(request: Request) -> JSONResponse:
     service = service_of(request)
     service.check_workers()
     if not service.ready:
-        detail = _failure(request, service) if service.failure else (service.waiting or "warming up")
+        detail = _not_ready_detail(request, service)
         return JSONResponse({"status": "not_ready", "detail": detail}, status_code=503,
                             headers={"Retry-After": "1"})
     return JSONResponse({"status": "ready"})
+
+
+def _not_ready_detail(request: Request, service: Service) -> str:
+    """Why /readyz answers 503, by readiness (a failure's text only for callers with the key)."""
+    if service.readiness is Readiness.FAILED:
+        return _failure(request, service)
+    if service.readiness is Readiness.STOPPING:
+        return "shutting down"
+    return service.reason or "warming up"
 
 
 @router.get("/metrics", tags=["health"], responses=error_responses(401, 500))

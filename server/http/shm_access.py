@@ -21,21 +21,31 @@ from fastapi import Request
 
 from ..errors import APIError
 from ..pipeline.peer import Endpoint, loopback_uid
-from ..pipeline.service import Service
-from ..pipeline.sysshm import OwnedRegions
+from ..pipeline.sysshm import OwnedRegions, SharedMemoryRegistry
 from .control import check_same_site
 
 PEER_KEY = "irpe.peer"  # the scope's {"socket": (client, server), "uid": ...} of the connection, from the protocol
 INFER_TYPES = ("application/json", "application/octet-stream")  # JSON, or the binary tensor extension
 
 
-async def client_regions(request: Request, service: Service, what: str,
+def client_memory(request: Request) -> SharedMemoryRegistry:
+    """The client shared memory registry of the app serving ``request`` (the gRPC front end holds the same one).
+
+    Args:
+        request: the HTTP request.
+
+    Returns:
+        The process's registry.
+    """
+    return request.app.state.shm
+
+
+async def client_regions(request: Request, what: str,
                          media_types: tuple[str, ...] = INFER_TYPES) -> OwnedRegions:
     """The regions of the local user on the other end of ``request``, once it passes the refusals above.
 
     Args:
         request: the HTTP request.
-        service: the process's service (its registry: ``service.shm``).
         what: what the request asks, for the error messages.
         media_types: the body content types accepted (besides none).
 
@@ -46,9 +56,10 @@ async def client_regions(request: Request, service: Service, what: str,
         APIError: 403 when client shared memory is off, the request is cross-site or the peer is not a local
             user; 415 for another body type.
     """
-    service.shm.require_enabled()
+    registry = client_memory(request)
+    registry.require_enabled()
     check_same_site(request, what, media_types)
-    return service.shm.owned_by(await peer_uid(request, what))
+    return registry.owned_by(await peer_uid(request, what))
 
 
 async def peer_uid(request: Request, what: str) -> int:

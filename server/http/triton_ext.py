@@ -43,25 +43,23 @@ async def _json(request: Request) -> dict[str, Any]:
 async def shm_status(request: Request, name: str | None = None) -> list[dict[str, Any]]:
     """The caller's registered regions (name, key, offset, byte_size); 404 for a region it has not registered.
     With client shared memory off: none (``[]``)."""
-    shm = service_of(request).shm
-    if not shm.enabled:
+    registry = shm_access.client_memory(request)
+    if not registry.enabled:
         if name is not None:
             raise APIError(404, "not_found", f"Unable to find system shared memory region: {name!r}")
         return []
-    regions = await shm_access.client_regions(request, service_of(request), "shared memory status",
-                                              ("application/json",))
-    return shm.status(name, owner=regions.owner)
+    regions = await shm_access.client_regions(request, "shared memory status", ("application/json",))
+    return registry.status(name, owner=regions.owner)
 
 
 @router.post("/systemsharedmemory/region/{name}/register", responses=v2_error_responses(400, 401, 403, 415))
 async def shm_register(request: Request, name: str) -> dict[str, Any]:
     """Register ``{"key", "offset", "byte_size"}`` of ``/dev/shm`` as the caller's region ``name``
     (``--allow-client-shm``; a segment the calling local user owns: :mod:`.shm_access`)."""
-    service = service_of(request)
-    regions = await shm_access.client_regions(request, service, "registering shared memory", ("application/json",))
+    regions = await shm_access.client_regions(request, "registering shared memory", ("application/json",))
     body = await _json(request)
-    service.shm.register(name, body.get("key"), body.get("offset", 0), body.get("byte_size"),  # type: ignore[arg-type]
-                         owner=regions.owner)
+    regions.registry.register(name, body.get("key"), body.get("offset", 0), body.get("byte_size"),  # type: ignore[arg-type]
+                              owner=regions.owner)
     return {}
 
 
@@ -70,11 +68,10 @@ async def shm_register(request: Request, name: str) -> dict[str, Any]:
 async def shm_unregister(request: Request, name: str | None = None) -> dict[str, Any]:
     """Unregister one of the caller's regions (an unknown name is no error, as in Triton) or all of the caller's
     regions (other clients' stay)."""
-    shm = service_of(request).shm
-    if shm.enabled:
-        regions = await shm_access.client_regions(request, service_of(request), "unregistering shared memory",
-                                                  ("application/json",))
-        shm.unregister(name, owner=regions.owner)
+    registry = shm_access.client_memory(request)
+    if registry.enabled:
+        regions = await shm_access.client_regions(request, "unregistering shared memory", ("application/json",))
+        registry.unregister(name, owner=regions.owner)
     return {}
 
 

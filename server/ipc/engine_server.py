@@ -47,14 +47,15 @@ def route_table(service: Service) -> dict[str, Any] | None:
         return None
     return {"default": host.default_name(),
             "catalog": {n: [e.policy, e.error, e.max_queue] for n, e in host.catalog().items()},
-            "versions": [_version_row(mv) for mv in host.versions() if mv.art is not None],
+            "versions": [_version_row(served) for served in host.versions() if served.art is not None],
             "index": host.index()}
 
 
-def _version_row(mv: ModelVersion) -> list[Any]:
-    assert mv.art is not None
-    return [mv.name, mv.version, str(mv.path), [list(f) for f in mv.signature], mv.art.to_dict(),
-            asdict(mv.info) if mv.info else None]
+def _version_row(model_version: ModelVersion) -> list[Any]:
+    assert model_version.art is not None
+    info = asdict(model_version.info) if model_version.info else None
+    return [model_version.name, model_version.version, str(model_version.path),
+            [list(f) for f in model_version.signature], model_version.art.to_dict(), info]
 
 
 async def answer(service: Service, array: np.ndarray, head: dict[str, Any]) -> bytes:
@@ -64,23 +65,23 @@ async def answer(service: Service, array: np.ndarray, head: dict[str, Any]) -> b
     try:
         if not host.started:
             raise APIError(503, "not_ready", service.failure or "engine is warming up", {"Retry-After": "1"})
-        with host.acquire(head.get("model"), head.get("version")) as mv:
-            if mv.batcher is None:
-                raise APIError(503, "not_ready", f"model '{mv.name}' version {mv.version} is not loaded")
+        with host.acquire(head.get("model"), head.get("version")) as model_version:
+            if model_version.batcher is None:
+                raise APIError(503, "not_ready",
+                               f"model '{model_version.name}' version {model_version.version} is not loaded")
             left = float(head.get("timeout", service.settings.timeout_s))
-            results = await mv.batcher.submit([array[i] for i in head["slots"]], timeout=max(left, 0.001))
+            results = await model_version.batcher.submit([array[i] for i in head["slots"]], timeout=max(left, 0.001))
     except Exception as e:  # every error crosses back as the same exception (an inference failure: 500)
         return wire.pack({"id": rid, **wire.error_head(e)})
-    logits = np.stack([r.logits for r in results]).astype(np.float32, copy=False)
-    return wire.pack({"id": rid, "q": [r.queue_s for r in results], "i": [r.inference_s for r in results],
-                      "b": [r.batch_size for r in results], "n": int(logits.shape[1])}, logits.tobytes())
+    return wire.answer(rid, results)
 
 
 class EngineServer:
     """The Unix-socket server around a loaded :class:`~..pipeline.service.Service` over a LocalHost."""
 
     def __init__(self, service: Service, path: str):
-        self.service, self.path = service, path
+        self.service = service
+        self.path = path
         self.writers: set[asyncio.StreamWriter] = set()
         self.tasks: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -38,7 +38,9 @@ class EngineLink(Channel):
     """Images, status and control between this front end and the engine process (module docstring)."""
 
     def __init__(self, path: str, slots: int, timeout_s: float):
-        self.path, self.slot_count, self.timeout_s = path, slots, timeout_s
+        self.path = path
+        self.slot_count = slots
+        self.timeout_s = timeout_s
         self.pools: dict[int, SlotPool] = {}  # crop size -> slots
         self.gone = False
         self.status: dict[str, Any] | None = None  # the engine's last status frame
@@ -126,7 +128,7 @@ class EngineLink(Channel):
             self._finish(rid)
             raise EngineGoneError("the engine process is not running") from None
         head, data = await future
-        return _results(head, data)
+        return wire.answer_results(head, data)
 
     def request(self, head: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send a control or statistics frame and wait (blocking) for the engine's reply to it."""
@@ -225,12 +227,6 @@ class EngineLink(Channel):
         return RemoteBatcher(self, crop, {"model": name, "version": str(version)}, max_queue)
 
 
-def _results(head: dict[str, Any], data: bytes) -> list[Result]:
-    """Results from an answer frame, or the error it carries (as the in-process pipeline raises it)."""
-    wire.raise_error(head)
-    logits = np.frombuffer(data, dtype=np.float32).reshape(len(head["b"]), head["n"])
-    return [Result(logits[k], head["q"][k], head["i"][k], head["b"][k]) for k in range(len(head["b"]))]
-
 
 class RemoteStats(ModelStats):
     """/v2 statistics of one model version, counted by the engine over every front end; this front end's
@@ -238,7 +234,8 @@ class RemoteStats(ModelStats):
 
     def __init__(self, link: EngineLink, route: dict[str, str]):
         super().__init__()
-        self.link, self.route = link, route
+        self.link = link
+        self.route = route
 
     def to_triton(self, name: str, version: str = "1", reasons: bool = False) -> dict[str, Any]:
         try:
@@ -257,7 +254,10 @@ class RemoteBatcher(BatchQueue):
     """A :class:`~..batching.BatchQueue` whose queue is the engine process's batcher of one model version."""
 
     def __init__(self, link: EngineLink, crop: int, route: dict[str, str], max_queue: int):
-        self.link, self.crop, self.route, self.max_queue = link, crop, route, max_queue
+        self.link = link
+        self.crop = crop
+        self.route = route
+        self.max_queue = max_queue
         self.stats = RemoteStats(link, route)
         self._stopping = False
         self._in_flight = 0  # this version's images sent and not answered (event-loop owned)
@@ -281,7 +281,8 @@ class RemoteBatcher(BatchQueue):
     async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]:
         """Run ``images`` on this model version in the engine process; ``timeout``: what is left of the
         request's deadline, sent along for the engine's batcher to enforce (504)."""
-        started, ok = time.perf_counter(), False
+        started = time.perf_counter()
+        ok = False
         self._in_flight += len(images)
         try:
             results = await self.link.submit(images, self.crop, self.route, timeout)

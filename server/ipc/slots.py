@@ -21,7 +21,9 @@ class SlotPool:
     """``slots`` float32 images of ``shape`` in one shared-memory block (created here, unlinked on close)."""
 
     def __init__(self, slots: int, shape: tuple[int, ...], dtype: str = "float32"):
-        self.shape, self.dtype, self.slots = tuple(shape), np.dtype(dtype), slots
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.slots = slots
         self.item_bytes = int(np.prod(self.shape)) * self.dtype.itemsize
         self.shm = shared_memory.SharedMemory(create=True, size=max(1, slots * self.item_bytes))
         self.array = np.ndarray((slots, *self.shape), self.dtype, buffer=self.shm.buf)

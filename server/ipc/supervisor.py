@@ -62,7 +62,7 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
     service.load()
     tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    server = FrontEndServer(config, service, announce=False, reuse_port=True)
+    server = FrontEndServer(config, service, app.state.shm, announce=False, reuse_port=True)
     server.run(sockets=[sock])
     if server.failure:
         raise SystemExit(f"irpe serve: front end {index}: {server.failure}")
@@ -104,7 +104,8 @@ class Supervisor:
     """Starts, watches and stops the engine and the front ends (see the module docstring)."""
 
     def __init__(self, settings: Settings, frontends: int, workdir: Path):
-        self.settings, self.n = settings, frontends
+        self.settings = settings
+        self.n = frontends
         self.ctx = multiprocessing.get_context("spawn")
         self.engine_path = str(workdir / "engine.sock")
         self.sock = bind(settings)
@@ -128,7 +129,8 @@ class Supervisor:
         p = self.ctx.Process(target=frontend_main, args=(self.settings, self.sock, self.engine_path, i),
                              name=f"irpe-frontend-{i}", daemon=False)
         p.start()
-        self.fronts[i], self.started[i] = p, time.monotonic()
+        self.fronts[i] = p
+        self.started[i] = time.monotonic()
 
     def _signal(self, signum: int, frame: object) -> None:
         self.stopping = True

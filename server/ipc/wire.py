@@ -7,7 +7,8 @@ front end -> engine
   ``attach``  ``{"op", "shm", "slots", "shape", "dtype"}``: a shared-memory slot pool (:mod:`.slots`) the
               following requests name by ``shm``.
   infer       ``{"id", "shm", "slots", "timeout", "model", "version"}``: run the images in those slots on
-              that model version; answered by ``{"id", "q", "i", "b", "n"}`` + float32 logits, or an error.
+              that model version; answered by :func:`answer` (per image its ``queue_s``, ``infer_s`` and
+              ``batch`` size; the logits' ``classes``) + float32 logits, or an error.
   ``stats``   ``{"op", "rid", "model", "version"}``: that version's Triton statistics.
   ``control`` ``{"op", "rid", "name", "load"}``: a repository load / unload.
   ``ack``     ``{"op", "seq"}``: status ``seq`` is applied (the front end routes accordingly).
@@ -26,13 +27,20 @@ import socket
 import struct
 from typing import Any
 
+import numpy as np
 import orjson
 
-from ..batching import BatcherStoppedError, QueueFullError
+from ..batching import BatcherStoppedError, QueueFullError, Result
 from ..errors import APIError
 
 _FRAME = struct.Struct("<II")
-HELLO, ATTACH, STATUS, ACK, STATS, CONTROL, REPLY = "hello", "attach", "status", "ack", "stats", "control", "reply"
+HELLO = "hello"
+ATTACH = "attach"
+STATUS = "status"
+ACK = "ack"
+STATS = "stats"
+CONTROL = "control"
+REPLY = "reply"
 
 
 def pack(header: dict[str, Any], data: bytes = b"") -> bytes:
@@ -72,6 +80,40 @@ async def read_frame(reader: Any) -> tuple[dict[str, Any], bytes] | None:
     except (EOFError, OSError):  # IncompleteReadError is an EOFError
         return None
     return orjson.loads(body[:n_head]), body[n_head:]
+
+
+def answer(request_id: int, results: list[Result]) -> bytes:
+    """The frame that answers an infer request.
+
+    Args:
+        request_id: the request's ``id``.
+        results: one per image, in order.
+
+    Returns:
+        The frame: per image its queue and inference seconds and batch size, then float32 logits.
+    """
+    logits = np.stack([r.logits for r in results]).astype(np.float32, copy=False)
+    return pack({"id": request_id, "queue_s": [r.queue_s for r in results], "infer_s": [r.inference_s for r in results],
+                 "batch": [r.batch_size for r in results], "classes": int(logits.shape[1])}, logits.tobytes())
+
+
+def answer_results(head: dict[str, Any], data: bytes) -> list[Result]:
+    """The results an :func:`answer` frame carries.
+
+    Args:
+        head: the frame's header.
+        data: the frame's data (the logits).
+
+    Returns:
+        One result per image, in order.
+
+    Raises:
+        Exception: the error the frame carries instead (:func:`raise_error`).
+    """
+    raise_error(head)
+    sizes = head["batch"]
+    logits = np.frombuffer(data, dtype=np.float32).reshape(len(sizes), head["classes"])
+    return [Result(logits[k], head["queue_s"][k], head["infer_s"][k], sizes[k]) for k in range(len(sizes))]
 
 
 def error_head(e: BaseException) -> dict[str, Any]:

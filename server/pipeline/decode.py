@@ -7,6 +7,7 @@ grayscale, RGBA/LA (alpha dropped, as the training loader's ``convert("RGB")`` d
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
@@ -78,8 +79,35 @@ class PixelBudget:
                 self._cond.notify_all()
 
 
-INLINE_PIXELS = 1 << 20  # a baseline JPEG up to this size decodes on the event loop (~2.5 ms at most here)
+INLINE_PIXELS = 1 << 20  # a baseline JPEG up to this size decodes on the event loop (a bounded couple of ms)
 INLINE_BYTES = 1 << 20  # ... and up to this many bytes (the entropy-coded data is read once)
+
+
+class InlineTurn:
+    """Pixels decoded on the event loop in one loop iteration: at most ``cap``; the rest go to the pool."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.spent = 0
+
+    def take(self, pixels: int) -> bool:
+        """Whether ``pixels`` more fit this loop iteration's share (they are then counted).
+
+        Args:
+            pixels: the pixels of one image.
+
+        Returns:
+            True when the image decodes on the event loop now.
+        """
+        if self.spent + pixels > self.cap:
+            return False
+        if not self.spent:  # runs in the next loop iteration
+            asyncio.get_running_loop().call_soon(self._reset)
+        self.spent += pixels
+        return True
+
+    def _reset(self) -> None:
+        self.spent = 0
 
 
 def inline_pixels(data: bytes, limit: int = INLINE_PIXELS) -> int:
@@ -108,7 +136,9 @@ def jpeg_scans(data: bytes, limit: int) -> int:
     """Number of scans (SOS segments) of a JPEG, counting stops once it passes ``limit``. Walks the
     marker segments, skipping entropy-coded data (where 0xFF is always stuffed), so embedded thumbnails
     in APPn segments are not counted; cost: one regex search per scan."""
-    pos, scans, end = 2, 0, len(data)
+    pos = 2
+    scans = 0
+    end = len(data)
     while scans <= limit and (segment := jpeg.next_segment(data, pos, end)) is not None:
         marker, pos, length = segment
         if marker == 0xD9:  # EOI
@@ -240,53 +270,54 @@ def decode_image(data: bytes, max_pixels: int, draft_size: int = 0, max_scans: i
     return to_rgb(img)
 
 
-def prepare(data: bytes, pp: Preprocess, max_pixels: int, jpeg_draft: bool = False, *,
+def prepare(data: bytes, preprocess: Preprocess, max_pixels: int, jpeg_draft: bool = False, *,
             budget: PixelBudget | None = None, deadline: float | None = None,
             max_scans: int = MAX_JPEG_SCANS) -> np.ndarray:
     """Bytes -> float32 (3, crop, crop) model input following model.json's preprocess block.
 
-    ``jpeg_draft``: decode JPEGs at a reduced DCT scale no smaller than ``pp.resize`` (opt-in; see
+    ``jpeg_draft``: decode JPEGs at a reduced DCT scale no smaller than ``preprocess.resize`` (opt-in; see
     :func:`decode_image`); off, the result is bit-exact with the reference transform. ``budget``: the
     shared pixel budget the decode holds its pixels from (waiting at most until ``deadline``).
     """
-    if not jpeg_draft and (size := jpeg.plain_size(data, pp, max_pixels)) is not None:
+    if not jpeg_draft and (size := jpeg.plain_size(data, preprocess, max_pixels)) is not None:
         with budget.hold(size[0] * size[1], deadline) if budget else contextlib.nullcontext():
-            if (x := _prepare_plain(data, size, pp, max_pixels, max_scans)) is not None:
+            if (x := _prepare_plain(data, size, preprocess, max_pixels, max_scans)) is not None:
                 return x
     img = open_image(data, max_pixels)  # anything else, and a plain JPEG that failed (to say why)
     if budget is None:
-        return _prepare_open(data, img, pp, max_pixels, jpeg_draft, max_scans)
+        return _prepare_open(data, img, preprocess, max_pixels, jpeg_draft, max_scans)
     with budget.hold(img.size[0] * img.size[1], deadline):
-        return _prepare_open(data, img, pp, max_pixels, jpeg_draft, max_scans)
+        return _prepare_open(data, img, preprocess, max_pixels, jpeg_draft, max_scans)
 
 
-def _prepare_open(data: bytes, img: Image.Image, pp: Preprocess, max_pixels: int, jpeg_draft: bool,
+def _prepare_open(data: bytes, img: Image.Image, preprocess: Preprocess, max_pixels: int, jpeg_draft: bool,
                   max_scans: int) -> np.ndarray:
-    if not jpeg_draft and jpeg.applies(img, pp):  # the common upload, bit-exact without a Pillow image
+    if not jpeg_draft and jpeg.applies(img, preprocess):  # the common upload, bit-exact without a Pillow image
         check_scans(data, img, max_scans)
-        _check_resized(*img.size, pp, max_pixels)
-        if (x := jpeg.prepare_jpeg(data, pp)) is not None:
+        _check_resized(*img.size, preprocess, max_pixels)
+        if (x := jpeg.prepare_jpeg(data, preprocess)) is not None:
             return x
-    img = decode_image(data, max_pixels, draft_size=pp.resize if jpeg_draft else 0, max_scans=max_scans, img=img)
-    _check_resized(*img.size, pp, max_pixels)
+    draft_size = preprocess.resize if jpeg_draft else 0
+    img = decode_image(data, max_pixels, draft_size=draft_size, max_scans=max_scans, img=img)
+    _check_resized(*img.size, preprocess, max_pixels)
     try:
-        return preprocess_image(img, pp)
+        return preprocess_image(img, preprocess)
     except MemoryError:
         raise APIError(413, "too_many_pixels", "image too large to resize in the memory available") from None
 
 
-def _prepare_plain(data: bytes, size: tuple[int, int], pp: Preprocess, max_pixels: int,
+def _prepare_plain(data: bytes, size: tuple[int, int], preprocess: Preprocess, max_pixels: int,
                    max_scans: int) -> np.ndarray | None:
     """A plain JPEG (:func:`jpeg.plain_size`) without Pillow: the same checks, then the fast path."""
     if data.count(b"\xff\xda") > max_scans and (n := jpeg_scans(data, max_scans)) > max_scans:
         raise _too_many_scans(n, max_scans)
-    _check_resized(*size, pp, max_pixels)
-    return jpeg.prepare_jpeg(data, pp)
+    _check_resized(*size, preprocess, max_pixels)
+    return jpeg.prepare_jpeg(data, preprocess)
 
 
-def _check_resized(w: int, h: int, pp: Preprocess, max_pixels: int) -> None:
+def _check_resized(w: int, h: int, preprocess: Preprocess, max_pixels: int) -> None:
     """Resizing the shorter side to pp.resize must not blow up a thin image (1x40M -> 36x1.4G)."""
-    resized = pp.resize * int(pp.resize * max(w, h) / min(w, h))
+    resized = preprocess.resize * int(preprocess.resize * max(w, h) / min(w, h))
     if resized > max_pixels:
-        raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {pp.resize} "
+        raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {preprocess.resize} "
                        f"would give {resized} pixels, over the limit {max_pixels} (--max-pixels); crop it first")

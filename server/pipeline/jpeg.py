@@ -82,21 +82,25 @@ def read_frame(data: bytes, strict: bool = False) -> Frame | None:
     ``strict``: also ``None`` when anything but tables, COM and APPn segments comes before the frame."""
     if not data.startswith(b"\xff\xd8"):
         return None
-    pos, end, plain = 2, min(len(data), 1 << 20), True
+    pos = 2
+    end = min(len(data), 1 << 20)
+    plain = True
     while (segment := next_segment(data, pos, end)) is not None:
         marker, pos, length = segment
         if marker in STANDALONE:  # no length field: the next marker follows at once
             if strict:
                 return None
-            pos, plain = pos + 2, False
+            pos += 2
+            plain = False
             continue
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn
             if length < 8 or pos + 10 > end:
                 return None
-            precision, height, width = data[pos + 4], int.from_bytes(data[pos + 5:pos + 7], "big"), \
-                int.from_bytes(data[pos + 7:pos + 9], "big")
+            precision = data[pos + 4]
+            height = int.from_bytes(data[pos + 5:pos + 7], "big")
+            width = int.from_bytes(data[pos + 7:pos + 9], "big")
             return Frame(marker, width, height, data[pos + 9], precision, plain)
-        if marker in (0xD9, 0xDA) or length < 2 or strict and marker not in _BEFORE_FRAME:
+        if marker in (0xD9, 0xDA) or length < 2 or (strict and marker not in _BEFORE_FRAME):
             return None  # no frame header before the end or the first scan (strict: an unexpected segment)
         if marker not in _TABLES and not any(marker == m and data.startswith(tag, pos + 4) for m, tag in _PLAIN_APP):
             plain = False
@@ -104,14 +108,14 @@ def read_frame(data: bytes, strict: bool = False) -> Frame | None:
     return None
 
 
-def plain_size(data: bytes, pp: Preprocess, max_pixels: int) -> tuple[int, int] | None:
+def plain_size(data: bytes, preprocess: Preprocess, max_pixels: int) -> tuple[int, int] | None:
     """(width, height) when :func:`prepare_jpeg` computes ``data`` exactly without opening it in Pillow: a
     plain 8-bit 3-component JPEG within the pixel limits, and a preprocess block the fast path covers."""
     f = read_frame(data)
     if f is None or not (f.plain and f.components == 3 and f.precision == 8 and f.marker in (0xC0, 0xC1, 0xC2)):
         return None
     pixels = f.width * f.height
-    if not 0 < pixels <= min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels) or not plain_preprocess(pp):
+    if not 0 < pixels <= min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels) or not plain_preprocess(preprocess):
         return None
     return (f.width, f.height) if available() and decoder_agrees(data, f) else None
 
@@ -126,15 +130,15 @@ def decoder_agrees(data: bytes, f: Frame) -> bool:
     return (width, height) == (f.width, f.height)
 
 
-def plain_preprocess(pp: Preprocess) -> bool:
+def plain_preprocess(preprocess: Preprocess) -> bool:
     """A preprocess block the fast path computes: resize, center crop, normalise (no ink fit, no gray)."""
-    return (pp.fit == "none" and not pp.grayscale and pp.invert in ("never", "always")
-            and len(pp.mean) == len(pp.std) == 3)
+    return (preprocess.fit == "none" and not preprocess.grayscale and preprocess.invert in ("never", "always")
+            and len(preprocess.mean) == len(preprocess.std) == 3)
 
 
-def applies(img: Image.Image, pp: Preprocess) -> bool:
-    """True when ``img`` (opened, not decoded) and ``pp`` are a case the fast path computes exactly."""
-    return img.format == "JPEG" and img.mode == "RGB" and plain_preprocess(pp) and _upright(img) and available()
+def applies(img: Image.Image, preprocess: Preprocess) -> bool:
+    """True when ``img`` (opened, not decoded) and ``preprocess`` are a case the fast path computes exactly."""
+    return img.format == "JPEG" and img.mode == "RGB" and plain_preprocess(preprocess) and _upright(img) and available()
 
 
 def _upright(img: Image.Image) -> bool:
@@ -142,14 +146,14 @@ def _upright(img: Image.Image) -> bool:
     return "exif" not in img.info or img.getexif().get(_ORIENTATION, 1) == 1
 
 
-def prepare_jpeg(data: bytes, pp: Preprocess) -> np.ndarray | None:
+def prepare_jpeg(data: bytes, preprocess: Preprocess) -> np.ndarray | None:
     """float32 (3, crop, crop) for ``data`` (checked by :func:`applies`), or ``None``: use Pillow's path."""
     try:
         rgb = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
     except (ValueError, RuntimeError, MemoryError):  # corrupt, truncated, unusual: Pillow's path says why
         return None
-    u8 = resize_crop(rgb, pp.resize, pp.crop, pp.interpolation)
-    return None if u8 is None else normalise(u8, pp)
+    u8 = resize_crop(rgb, preprocess.resize, preprocess.crop, preprocess.interpolation)
+    return None if u8 is None else normalise(u8, preprocess)
 
 
 @functools.cache

@@ -18,18 +18,18 @@ from .topk import top_k
 def classify_files(paths: list[str | Path], artifact_dir: str | Path, *, k: int = 5, backend: str = "auto",
                    device: str = "cpu", max_pixels: int = 40_000_000) -> tuple[str, list[list[dict[str, Any]]]]:
     """(model name, top-k predictions per file); decode errors raise APIError naming the problem."""
-    art = load_artifact(artifact_dir)
-    engine = load_engine(artifact_dir, art, backend=backend, device=device, max_batch=len(paths) or 1)
+    artifact = load_artifact(artifact_dir)
+    engine = load_engine(artifact_dir, artifact, backend=backend, device=device, max_batch=len(paths) or 1)
     arrays = []
     for p in paths:
         try:
-            arrays.append(prepare(Path(p).read_bytes(), art.preprocess, max_pixels))
+            arrays.append(prepare(Path(p).read_bytes(), artifact.preprocess, max_pixels))
         except APIError as e:
             raise APIError(e.status, e.code, f"{p}: {e.message}") from None
-    k = max(1, min(k, art.num_classes))
+    k = max(1, min(k, artifact.num_classes))
     limit = engine.info.max_batch
     logits = np.concatenate([engine.run(np.stack(arrays[i:i + limit])) for i in range(0, len(arrays), limit)])
-    return art.name, [top_k(row, k, art.labels) for row in logits]
+    return artifact.name, [top_k(row, k, artifact.labels) for row in logits]
 
 
 def format_table(paths: list[str | Path], preds: list[list[dict[str, Any]]]) -> str:

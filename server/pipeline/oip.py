@@ -48,65 +48,67 @@ def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": irpe.__version__, "extensions": list(EXTENSIONS)}
 
 
-def platform(mv: ModelVersion) -> tuple[str, str]:
-    """Triton's (platform, backend) names for what runs ``mv``."""
-    if mv.info and mv.info.backend == "tensorrt":
+def platform(model_version: ModelVersion) -> tuple[str, str]:
+    """Triton's (platform, backend) names for what runs ``model_version``."""
+    if model_version.info and model_version.info.backend == "tensorrt":
         return "tensorrt_plan", "tensorrt"
-    if mv.info and mv.info.backend == "openvino":
+    if model_version.info and model_version.info.backend == "openvino":
         return "openvino", "openvino"
     return "onnxruntime_onnx", "onnxruntime"
 
 
-def model_metadata(service: Service, mv: ModelVersion) -> dict[str, Any]:
+def model_metadata(service: Service, model_version: ModelVersion) -> dict[str, Any]:
     """Inputs, outputs, versions and platform of a model version (with its backend and precision)."""
-    art = mv.art
-    assert art is not None
-    crop = art.preprocess.crop
-    info = mv.info
+    artifact = model_version.art
+    assert artifact is not None
+    crop = artifact.preprocess.crop
+    info = model_version.info
     backend, precision = (info.backend, info.precision) if info else ("", None)
-    versions = sorted(m.version for m in service.host.versions() if m.name == mv.name) or [mv.version]
-    return {"name": mv.name, "versions": [str(v) for v in versions], "platform": platform(mv)[0],
+    served = [m.version for m in service.host.versions() if m.name == model_version.name]
+    versions = sorted(served) or [model_version.version]
+    return {"name": model_version.name, "versions": [str(v) for v in versions], "platform": platform(model_version)[0],
             "parameters": {"backend": backend or None, "precision": precision},
-            "inputs": [{"name": art.input_name, "datatype": DATATYPE, "shape": [-1, 3, crop, crop]}],
-            "outputs": [{"name": art.output_name, "datatype": DATATYPE, "shape": [-1, art.num_classes]}]}
+            "inputs": [{"name": artifact.input_name, "datatype": DATATYPE, "shape": [-1, 3, crop, crop]}],
+            "outputs": [{"name": artifact.output_name, "datatype": DATATYPE, "shape": [-1, artifact.num_classes]}]}
 
 
-def _io(mv: ModelVersion) -> dict[str, Any]:
-    art = mv.art
-    assert art is not None
-    crop = art.preprocess.crop
-    return {"input": [{"name": art.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
+def _io(model_version: ModelVersion) -> dict[str, Any]:
+    artifact = model_version.art
+    assert artifact is not None
+    crop = artifact.preprocess.crop
+    return {"input": [{"name": artifact.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
                        "dims": [3, crop, crop], "is_shape_tensor": False, "allow_ragged_batch": False,
                        "optional": False, "is_non_linear_format_io": False}],
-            "output": [{"name": art.output_name, "data_type": "TYPE_FP32", "dims": [art.num_classes],
-                        "label_filename": LABELS_FILE if art.labels else "", "is_shape_tensor": False,
+            "output": [{"name": artifact.output_name, "data_type": "TYPE_FP32", "dims": [artifact.num_classes],
+                        "label_filename": LABELS_FILE if artifact.labels else "", "is_shape_tensor": False,
                         "is_non_linear_format_io": False}]}
 
 
-def model_config(service: Service, mv: ModelVersion) -> dict[str, Any]:
+def model_config(service: Service, model_version: ModelVersion) -> dict[str, Any]:
     """Triton's JSON form of config.pbtxt, saying what this server does: ``max_batch_size`` the enforced
     per-request limit; ``preferred_batch_size`` the engine's batch sizes, the only ones the batcher runs (the
     largest the queue fills); ``max_queue_delay_microseconds`` 0, as a request never waits for a batch while an
     inference thread is idle (with several threads, one that finds a part batch while another batch runs waits up
     to ``--max-wait-ms``: ``parameters.busy_fill_wait_us``); one ``<model>_0`` group of the inference threads."""
-    art = mv.art
-    assert art is not None
-    s, info = service.settings, mv.info
-    name, backend = platform(mv)
+    artifact = model_version.art
+    assert artifact is not None
+    settings = service.settings
+    info = model_version.info
+    name, backend = platform(model_version)
     gpu = bool(info and info.device == "cuda")
     return {
-        "name": mv.name, "platform": name, "backend": backend, "runtime": "",
-        "version_policy": service.host.policy_config(mv.name), "max_batch_size": max_images(service),
-        **_io(mv), "batch_input": [], "batch_output": [], "optimization": dict(OPTIMIZATION),
+        "name": model_version.name, "platform": name, "backend": backend, "runtime": "",
+        "version_policy": service.host.policy_config(model_version.name), "max_batch_size": max_images(service),
+        **_io(model_version), "batch_input": [], "batch_output": [], "optimization": dict(OPTIMIZATION),
         "dynamic_batching": {"preferred_batch_size": list(info.batch_sizes) if info else [],
                              "max_queue_delay_microseconds": 0, "preserve_ordering": False,
                              "priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {}},
-        "instance_group": [{"name": f"{mv.name}_0", "kind": "KIND_GPU" if gpu else "KIND_CPU",
-                            "count": s.resolved_inference_threads(), "gpus": [0] if gpu else [],
+        "instance_group": [{"name": f"{model_version.name}_0", "kind": "KIND_GPU" if gpu else "KIND_CPU",
+                            "count": settings.resolved_inference_threads(), "gpus": [0] if gpu else [],
                             "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
-        "default_model_filename": "model.plan" if backend == "tensorrt" else art.onnx_file,
+        "default_model_filename": "model.plan" if backend == "tensorrt" else artifact.onnx_file,
         "cc_model_filenames": {}, "metric_tags": {},
-        "parameters": {"busy_fill_wait_us": {"string_value": str(int(s.max_wait_ms * 1000))}},
+        "parameters": {"busy_fill_wait_us": {"string_value": str(int(settings.max_wait_ms * 1000))}},
         "model_warmup": []}
 
 
@@ -116,25 +118,25 @@ def statistics(service: Service, name: str | None = None, version: str | None = 
     if name:
         try:
             mine = [service.model(name, version)] if version else \
-                [mv for mv in service.host.versions() if mv.name == service.model(name).name]
+                [served for served in service.host.versions() if served.name == service.model(name).name]
         except APIError as e:
             if e.status != 404:
                 raise
             raise APIError(400, "not_found", f"requested model '{name}' is not available ({e.message})") from None
     else:
         mine = service.host.versions()
-    return {"model_stats": [mv.batcher.stats.to_triton(mv.name, str(mv.version)) for mv in mine
-                            if mv.batcher is not None]}
+    return {"model_stats": [served.batcher.stats.to_triton(served.name, str(served.version)) for served in mine
+                            if served.batcher is not None]}
 
 
 def metric_stats(service: Service) -> list[dict[str, Any]]:
     """Every served version's statistics with ``fail_reasons`` (and ``pending`` where the queue is in this
     process), for Triton's ``nv_inference_*`` metrics (blocking with ``--frontends``: call it in a thread)."""
     out = []
-    for mv in service.host.versions():
-        if mv.batcher is not None:
-            stats = mv.batcher.stats.to_triton(mv.name, str(mv.version), reasons=True)
-            pending = getattr(mv.batcher, "pending", None)
+    for model_version in service.host.versions():
+        if model_version.batcher is not None:
+            stats = model_version.batcher.stats.to_triton(model_version.name, str(model_version.version), reasons=True)
+            pending = getattr(model_version.batcher, "pending", None)
             out.append(stats if pending is None else {**stats, "pending": pending})
     return out
 
@@ -164,8 +166,8 @@ def random_id(bits: int = 128) -> str:
 def max_images(service: Service) -> int:
     """The most images one inference request may carry: the model config's ``max_batch_size``, enforced by
     :func:`check_images` (``--max-images``, at most ``--max-queue``)."""
-    s = service.settings
-    return min(s.max_images, s.max_queue)
+    settings = service.settings
+    return min(settings.max_images, settings.max_queue)
 
 
 def count(value: object, what: str) -> int:
@@ -175,18 +177,18 @@ def count(value: object, what: str) -> int:
     return value
 
 
-def check_input(name: object, datatype: object, shape: object, art: ModelArtifact) -> list[int]:
+def check_input(name: object, datatype: object, shape: object, artifact: ModelArtifact) -> list[int]:
     """The one input's name, datatype and shape [N,3,H,W] against the model metadata; the shape."""
-    if name != art.input_name:
-        raise ProtocolError(f"unexpected inference input {name!r} for model {art.name!r}; "
-                            f"the model has {art.input_name!r}")
+    if name != artifact.input_name:
+        raise ProtocolError(f"unexpected inference input {name!r} for model {artifact.name!r}; "
+                            f"the model has {artifact.input_name!r}")
     if datatype != DATATYPE:
-        raise ProtocolError(f"inference input {art.input_name!r} data-type is {datatype!r}, "
-                            f"but model {art.name!r} expects {DATATYPE!r}")
-    want = [3, art.preprocess.crop, art.preprocess.crop]
+        raise ProtocolError(f"inference input {artifact.input_name!r} data-type is {datatype!r}, "
+                            f"but model {artifact.name!r} expects {DATATYPE!r}")
+    want = [3, artifact.preprocess.crop, artifact.preprocess.crop]
     if not (isinstance(shape, list) and len(shape) == 4 and shape[1:] == want and type(shape[0]) is int
             and shape[0] >= 1 and all(type(d) is int for d in shape)):
-        raise ProtocolError(f"unexpected shape for input {art.input_name!r} for model {art.name!r}: expected "
+        raise ProtocolError(f"unexpected shape for input {artifact.input_name!r} for model {artifact.name!r}: expected "
                             f"[N,{want[0]},{want[1]},{want[2]}] with N >= 1, got {shape}")
     return shape
 
@@ -207,16 +209,16 @@ def check_images(images: np.ndarray, max_images: int) -> np.ndarray:
     return images
 
 
-def classification(name: object, params: dict[str, Any], art: ModelArtifact, requested: int) -> int:
+def classification(name: object, params: dict[str, Any], artifact: ModelArtifact, requested: int) -> int:
     """The classification extension's k for one requested output (0: the logits themselves); ``requested``:
     how many outputs the request lists (the model has one, which may be asked for once)."""
     if requested > 1:
-        raise ProtocolError(f"{requested} outputs requested; model {art.name!r} has one output "
-                            f"{art.output_name!r}, which may be requested once")
-    if name != art.output_name:
-        raise ProtocolError(f"unexpected inference output {name!r} for model {art.name!r}; "
-                            f"the model has {art.output_name!r}")
-    return min(count(params.get("classification", 0), "output parameters.classification"), art.num_classes)
+        raise ProtocolError(f"{requested} outputs requested; model {artifact.name!r} has one output "
+                            f"{artifact.output_name!r}, which may be requested once")
+    if name != artifact.output_name:
+        raise ProtocolError(f"unexpected inference output {name!r} for model {artifact.name!r}; "
+                            f"the model has {artifact.output_name!r}")
+    return min(count(params.get("classification", 0), "output parameters.classification"), artifact.num_classes)
 
 
 def classes(logits: np.ndarray, k: int, labels: list[str]) -> list[str]:
@@ -227,12 +229,12 @@ def classes(logits: np.ndarray, k: int, labels: list[str]) -> list[str]:
 
 def bytes_tensor(strings: list[str]) -> bytes:
     """A BYTES tensor's binary form: each element as a 4-byte little-endian length and its bytes."""
-    return b"".join(len(b).to_bytes(4, "little") + b for b in (s.encode() for s in strings))
+    return b"".join(len(b).to_bytes(4, "little") + b for b in (settings.encode() for settings in strings))
 
 
-async def infer(service: Service, mv: ModelVersion, images: np.ndarray, started: float) -> np.ndarray:
-    """The logits [N, classes] of checked ``images`` on ``mv``'s batcher, within the request deadline."""
-    results = await service.infer(list(images), mv, started)
+async def infer(service: Service, model_version: ModelVersion, images: np.ndarray, started: float) -> np.ndarray:
+    """The logits [N, classes] of checked ``images`` on ``model_version``'s batcher, within the request deadline."""
+    results = await service.infer(list(images), model_version, started)
     logits = results[0].logits[None] if len(results) == 1 else np.stack([r.logits for r in results])
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
         raise ProtocolError("the model output is not finite for this input (values too large?)")

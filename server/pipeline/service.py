@@ -1,21 +1,25 @@
 """The request pipeline, the same in every process layout: admit, look up, preprocess, infer, deadline.
 
 :class:`Service` is what every front end (HTTP, the engine link) calls. It holds the settings, the metrics,
-the decode pool and pixel budget, the admission count, readiness, and one :class:`~..hosting.host.ModelHost`:
-a :class:`~..hosting.local.LocalHost` (engines in this process) or a :class:`~..hosting.remote.RemoteHost`
-(a ``--frontends`` front end: inference in the engine process). No protocol is known here.
+the decode pool and pixel budget, the admission count, readiness (:class:`Readiness`), and one
+:class:`~..hosting.host.ModelHost`: a :class:`~..hosting.local.LocalHost` (engines in this process) or a
+:class:`~..hosting.remote.RemoteHost` (a ``--frontends`` front end: inference in the engine process). No
+protocol is known here: the host allowlist lives in :mod:`..http.middleware`, client shared memory with the
+front ends that register it (:func:`..frontend.client_memory`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,29 +31,45 @@ from ..errors import APIError
 from ..hosting.host import NOT_STARTED, ModelHost, ModelVersion
 from ..memory import fix_mmap_threshold
 from ..metrics import Metrics
-from .decode import INLINE_PIXELS, PixelBudget, inline_pixels, prepare
-from .sysshm import SharedMemoryRegistry
+from .decode import INLINE_PIXELS, InlineTurn, PixelBudget, inline_pixels, prepare
 
 log = logging.getLogger("irpe.server")
 _TIMEOUT = getattr(asyncio, "timeout", None)  # Python 3.11+
+T = TypeVar("T")
 
 
-class InlineTurn:
-    """Pixels decoded on the event loop in one loop iteration: at most ``cap``; the rest go to the pool."""
+class Readiness(Enum):
+    """Where the server stands; :attr:`Service.reason` says why it is not READY."""
 
-    def __init__(self, cap: int):
-        self.cap, self.spent = cap, 0
+    STARTING = "starting"  # the default model is loading or warming up
+    READY = "ready"  # the default model has a READY version
+    UNLOADED = "unloaded"  # started, but the default model has no READY version (model control unloaded it)
+    FAILED = "failed"  # warm-up failed, or inference cannot go on (an inference thread died, the engine left)
+    STOPPING = "stopping"  # shutting down: the host drains
 
-    def take(self, pixels: int) -> bool:
-        if self.spent + pixels > self.cap:
-            return False
-        if not self.spent:  # runs in the next loop iteration
-            asyncio.get_running_loop().call_soon(self._reset)
-        self.spent += pixels
-        return True
 
-    def _reset(self) -> None:
-        self.spent = 0
+def not_ready(message: str) -> APIError:
+    """The 503 a request gets while what it needs is not serving (clients retry after a second).
+
+    Args:
+        message: what is not ready, for the client.
+
+    Returns:
+        The error to raise.
+    """
+    return APIError(503, "not_ready", message, {"Retry-After": "1"})
+
+
+def timed_out(timeout_s: float) -> APIError:
+    """The 504 of a request not answered within --timeout-s.
+
+    Args:
+        timeout_s: the request deadline, in seconds.
+
+    Returns:
+        The error to raise.
+    """
+    return APIError(504, "timeout", f"request not answered within {timeout_s:g}s (--timeout-s)")
 
 
 @dataclass
@@ -61,38 +81,46 @@ class Service:
     metrics: Metrics = field(default_factory=Metrics)
     decode_threads: int = 0  # the decode pool's size (0: --decode-threads resolved for this host)
     pool: ThreadPoolExecutor | None = None
-    ready: bool = False
-    failure: str = ""
+    readiness: Readiness = Readiness.STARTING
+    reason: str = ""  # why not READY: the failure (FAILED) or the unloaded default model (UNLOADED)
     budget: PixelBudget | None = None
     admitted: int = 0  # images of /classify requests being decoded or queued (event-loop owned)
-    allowed_hosts: frozenset[str] = frozenset()
     inline_decode: bool = False  # small baseline JPEGs decode on the event loop (auto --decode-threads)
-    waiting: str = ""  # why not ready without a failure (the default model is unloaded)
-    shm: SharedMemoryRegistry = field(init=False)  # client system shared memory (every front end's)
     turn: InlineTurn = field(default_factory=lambda: InlineTurn(2 * INLINE_PIXELS))
     _images: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False)  # labeled image counters
 
     def __post_init__(self) -> None:
-        self.allowed_hosts = self.settings.host_allowlist()
-        s = self.settings
-        self.shm = SharedMemoryRegistry(s.allow_client_shm, s.max_shm_regions, int(s.max_shm_region_mb * 2**20),
-                                        name_prefix=s.shm_name_prefix)
         self.host.subscribe(lambda leaving: self.refresh())
 
     @property
     def started(self) -> bool:
+        """Whether the host has started (its models are loaded, maybe not warm yet)."""
         return self.host.started
+
+    @property
+    def ready(self) -> bool:
+        """Whether requests for the default model are served now."""
+        return self.readiness is Readiness.READY
+
+    @property
+    def failure(self) -> str:
+        """Why the server failed (FAILED), or ""."""
+        return self.reason if self.readiness is Readiness.FAILED else ""
+
+    def _become(self, readiness: Readiness, reason: str = "") -> None:
+        self.readiness = readiness
+        self.reason = reason
 
     def load(self) -> None:
         """Start the host (it fails fast when the default model cannot be served: missing files, checksum,
         GPU fallback, ...) and the decode pool."""
-        s = self.settings
+        settings = self.settings
         fix_mmap_threshold()
         self.host.start()
-        self.pool = ThreadPoolExecutor(self.decode_threads or s.resolved_decode_threads(),
+        self.pool = ThreadPoolExecutor(self.decode_threads or settings.resolved_decode_threads(),
                                        thread_name_prefix="irpe-decode")
-        self.inline_decode = s.decode_threads == 0
-        self.budget = PixelBudget(s.resolved_max_decode_pixels())
+        self.inline_decode = settings.decode_threads == 0
+        self.budget = PixelBudget(settings.resolved_max_decode_pixels())
 
     def warm(self) -> None:
         """Warm the host up; ready when the default model is."""
@@ -101,16 +129,19 @@ class Service:
         finally:
             self.refresh()
         if not self.ready:
-            self.failure = self.failure or self.host.startup_failure()
+            self._become(Readiness.FAILED, self.failure or self.host.startup_failure())
             log.error("the default model %s is not ready; the server stays unready", self.host.default_name())
             return
         log.info("ready: %s", self.host.describe())
 
     def refresh(self) -> None:
-        """Ready while the default model has a READY version (after every change of the host)."""
-        mv = self.host.newest(self.host.default_name()) if self.host.started else None
-        self.ready = mv is not None
-        self.waiting = "" if mv else f"default model {self.host.default_name()!r} is not loaded"
+        """Ready while the default model has a READY version (after every change of the host); a failure
+        stays until the default model serves again."""
+        newest = self.host.newest(self.host.default_name()) if self.host.started else None
+        if newest is not None:
+            self._become(Readiness.READY)
+        elif self.readiness is not Readiness.FAILED:
+            self._become(Readiness.UNLOADED, f"default model {self.host.default_name()!r} is not loaded")
         self.metrics.ready.set(1 if self.ready else 0)
 
     def control(self, name: str, load: bool) -> None:
@@ -122,9 +153,9 @@ class Service:
 
     def shutdown(self) -> None:
         """Drain the host (queued images still run), then stop the decode pool."""
-        self.ready = False
+        if self.ready:
+            self._become(Readiness.STOPPING)
         self.host.shutdown(self.settings.timeout_s)
-        self.shm.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
@@ -135,8 +166,8 @@ class Service:
         self.check_workers()
         if not self.started:
             self.require_ready()
-        with self.host.acquire(name, version) as mv:
-            yield mv
+        with self.host.acquire(name, version) as model_version:
+            yield model_version
 
     def model(self, name: str, version: str | None = None) -> ModelVersion:
         """The served version a metadata request names (no version: the newest): 404 for a model the
@@ -145,15 +176,14 @@ class Service:
             return self.host.lookup(name, version)
         if not self.host.knows(name):
             self.host.lookup(name, version)  # the 404 that names what is served
-        raise APIError(503, "not_ready", self.failure or NOT_STARTED, {"Retry-After": "1"})
+        raise not_ready(self.failure or NOT_STARTED)
 
     def check_workers(self) -> None:
         """A ready server whose inference cannot go on (a dead inference thread of the default model, a gone
         engine process) turns unready."""
         fatal = self.host.fatal() if self.ready else ""
         if fatal:
-            self.ready = False
-            self.failure = fatal
+            self._become(Readiness.FAILED, fatal)
             self.metrics.ready.set(0)
             log.error("%s; /readyz now answers 503", fatal)
 
@@ -161,14 +191,15 @@ class Service:
         """503 with Retry-After until warm-up is done."""
         self.check_workers()
         if not self.ready:
-            raise APIError(503, "not_ready", self.failure or NOT_STARTED, {"Retry-After": "1"})
+            raise not_ready(self.failure or NOT_STARTED)
 
-    def _default_art(self) -> ModelArtifact:
+    def _default_artifact(self) -> ModelArtifact:
         self.require_ready()
-        mv = self.host.newest(self.host.default_name())
-        if mv is None or mv.art is None:
-            raise APIError(503, "not_ready", self.waiting or NOT_STARTED, {"Retry-After": "1"})
-        return mv.art
+        newest = self.host.newest(self.host.default_name())
+        if newest is None or newest.art is None:
+            unloaded = self.reason if self.readiness is Readiness.UNLOADED else ""
+            raise not_ready(unloaded or NOT_STARTED)
+        return newest.art
 
     def admit(self, n: int) -> None:
         """Count ``n`` images as admitted before any is decoded: 503 with Retry-After when the images
@@ -187,43 +218,59 @@ class Service:
         """Undo :meth:`admit` once the images are answered (or failed)."""
         self.admitted = max(0, self.admitted - n)
 
-    async def preprocess(self, blobs: list[bytes], art: ModelArtifact | None = None,
+    async def preprocess(self, blobs: list[bytes], artifact: ModelArtifact | None = None,
                          deadline: float | None = None) -> tuple[list[np.ndarray], float]:
         """Decode + preprocess every blob in the pool; the first failure fails all (the rest are not started).
 
         Fair share: one request has at most half the decode threads busy at once, so a many-image
         request does not hold the whole pool; every decode holds its pixels from the shared budget.
-        ``art``: the model whose preprocessing applies (default: the default model's)."""
-        art = art or self._default_art()
-        loop = asyncio.get_running_loop()
+
+        Args:
+            blobs: the encoded images.
+            artifact: the model whose preprocessing applies (default: the default model's).
+            deadline: the ``time.perf_counter()`` after which a decode not yet started is a 504.
+
+        Returns:
+            The model inputs, one per blob, and the seconds it all took.
+
+        Raises:
+            APIError: 4xx for an image that cannot be decoded, 503 before the default model serves, 504 past
+                ``deadline``.
+        """
+        artifact = artifact or self._default_artifact()
         start = time.perf_counter()
-        s = self.settings
         if len(blobs) == 1:  # the common case: no semaphore, no task, at most one executor hop
-            if pixels := self._inline(blobs[0]):
-                x, seconds = self._prepare_inline(blobs[0], art, pixels, deadline)
-            else:
-                x, seconds = await loop.run_in_executor(self.pool, _timed_prepare, blobs[0], art, s, self.budget,
-                                                        deadline)
+            timed = [await self._prepare_one(blobs[0], artifact, deadline)]
+        else:
+            timed = await self._prepare_many(blobs, artifact, deadline)
+        for _, seconds in timed:
             self.metrics.decode.observe(seconds)
-            return [x], time.perf_counter() - start
+        return [array for array, _ in timed], time.perf_counter() - start
+
+    async def _prepare_one(self, blob: bytes, artifact: ModelArtifact, deadline: float | None,
+                           share: asyncio.Semaphore | None = None) -> tuple[np.ndarray, float]:
+        """One image, decoded here on the event loop (:meth:`_inline`) or in the pool (within ``share``)."""
+        if pixels := self._inline(blob):
+            return self._prepare_inline(blob, artifact, pixels, deadline)
+        async with share if share is not None else contextlib.nullcontext():
+            return await asyncio.get_running_loop().run_in_executor(
+                self.pool, _timed_prepare, blob, artifact, self.settings, self.budget, deadline)
+
+    async def _prepare_many(self, blobs: list[bytes], artifact: ModelArtifact,
+                            deadline: float | None) -> list[tuple[np.ndarray, float]]:
+        """Every image of a many-image request, at most half the pool's threads at once."""
         share = asyncio.Semaphore(max(1, getattr(self.pool, "_max_workers", 2) // 2))  # not usable_cpus(): file reads
 
         async def one(blob: bytes) -> tuple[np.ndarray, float]:
             await asyncio.sleep(0)  # other requests get the loop between two images
-            if pixels := self._inline(blob):
-                return self._prepare_inline(blob, art, pixels, deadline)
-            async with share:
-                return await loop.run_in_executor(self.pool, _timed_prepare, blob, art, s, self.budget, deadline)
+            return await self._prepare_one(blob, artifact, deadline, share)
 
-        tasks = [asyncio.ensure_future(one(b)) for b in blobs]
+        tasks = [asyncio.ensure_future(one(blob)) for blob in blobs]
         try:
-            done = await asyncio.gather(*tasks)
+            return list(await asyncio.gather(*tasks))
         finally:
-            for t in tasks:
-                t.cancel()
-        for _, seconds in done:
-            self.metrics.decode.observe(seconds)
-        return [x for x, _ in done], time.perf_counter() - start
+            for task in tasks:
+                task.cancel()
 
     def _inline(self, blob: bytes) -> int:
         """The pixels of ``blob`` when it decodes here on the event loop (:func:`.decode.inline_pixels`),
@@ -233,66 +280,99 @@ class Service:
             return 0
         return pixels if self.budget is None or self.budget.take_now(pixels) else 0
 
-    def _prepare_inline(self, blob: bytes, art: ModelArtifact, pixels: int,
+    def _prepare_inline(self, blob: bytes, artifact: ModelArtifact, pixels: int,
                         deadline: float | None) -> tuple[np.ndarray, float]:
         try:
-            return _timed_prepare(blob, art, self.settings, None, deadline)
+            return _timed_prepare(blob, artifact, self.settings, None, deadline)
         finally:
             if self.budget is not None:
                 self.budget.give(pixels)
 
-    async def infer(self, arrays: list[np.ndarray], mv: ModelVersion, started: float | None = None) -> list[Result]:
-        """Queue arrays for the batcher of ``mv`` (only ever that version's); 503 with Retry-After when the
-        queue is full or the version was retired meanwhile. ``started``: 504 once --timeout-s has passed since
-        then (the batcher's own timer: no asyncio.timeout per request)."""
-        if mv.batcher is None:
-            raise APIError(503, "not_ready", f"model '{mv.name}' version {mv.version} is not loaded",
-                           {"Retry-After": "1"})
+    async def infer(self, arrays: list[np.ndarray], model_version: ModelVersion,
+                    started: float | None = None) -> list[Result]:
+        """Queue arrays for the batcher of ``model_version`` (only ever that version's).
+
+        Args:
+            arrays: the preprocessed images.
+            model_version: the version the request holds (:meth:`use`).
+            started: when the request started: 504 once --timeout-s has passed since then (the batcher's own
+                timer: no asyncio.timeout per request); None: no deadline here.
+
+        Returns:
+            One result per array.
+
+        Raises:
+            APIError: 503 with Retry-After when the queue is full, the server is stopping or the version was
+                retired meanwhile; 504 past the deadline.
+        """
+        if model_version.batcher is None:
+            raise not_ready(f"model '{model_version.name}' version {model_version.version} is not loaded")
+        timeout = None if started is None else self._remaining(started)
         try:
-            results = await mv.batcher.submit(arrays, None if started is None else self._remaining(started))
+            results = await model_version.batcher.submit(arrays, timeout)
         except QueueFullError as e:
             raise APIError(503, "queue_full", str(e), {"Retry-After": str(e.retry_after)}) from None
         except BatcherStoppedError as e:
             raise APIError(503, "shutting_down", str(e), {"Retry-After": "1"}) from None
         except asyncio.TimeoutError:
-            raise self._timed_out() from None
-        self.metrics.images.inc(len(results))
-        key = (mv.name, mv.version)
-        if (series := self._images.get(key)) is None:  # labels() locks and validates: look it up once
-            series = self._images[key] = self.host.labeled.images.labels(mv.name, str(mv.version))
-        series.inc(len(results))
+            raise timed_out(self.settings.timeout_s) from None
+        self._count_images(model_version, len(results))
         return results
 
-    async def with_deadline(self, coro: object, started: float) -> object:
-        """Await ``coro`` within the request deadline (--timeout-s from ``started``); 504 after."""
+    def _count_images(self, model_version: ModelVersion, count: int) -> None:
+        self.metrics.images.inc(count)
+        key = (model_version.name, model_version.version)
+        if (series := self._images.get(key)) is None:  # labels() locks and validates: look it up once
+            labeled = self.host.labeled.images
+            series = self._images[key] = labeled.labels(model_version.name, str(model_version.version))
+        series.inc(count)
+
+    async def with_deadline(self, work: Awaitable[T], started: float) -> T:
+        """Await ``work`` within the request deadline.
+
+        Args:
+            work: what the request waits for.
+            started: when the request started (``time.perf_counter()``); --timeout-s counts from then.
+
+        Returns:
+            What ``work`` returns.
+
+        Raises:
+            APIError: 504 once the deadline passes.
+        """
         remaining = self._remaining(started)
         try:
             if _TIMEOUT is None:  # Python 3.10
-                return await asyncio.wait_for(coro, remaining)  # type: ignore[arg-type]
+                return await asyncio.wait_for(work, remaining)
             async with _TIMEOUT(remaining):  # in this task: no task per request, as wait_for makes
-                return await coro  # type: ignore[misc]
+                return await work
         except asyncio.TimeoutError:
-            raise self._timed_out() from None
+            raise timed_out(self.settings.timeout_s) from None
 
     def _remaining(self, started: float) -> float:
         return max(self.settings.timeout_s - (time.perf_counter() - started), 0.001)
 
-    def _timed_out(self) -> APIError:
-        return APIError(504, "timeout", f"request not answered within {self.settings.timeout_s:g}s (--timeout-s)")
 
-
-def _timed_prepare(data: bytes, art: ModelArtifact, s: Settings, budget: PixelBudget | None,
+def _timed_prepare(data: bytes, artifact: ModelArtifact, settings: Settings, budget: PixelBudget | None,
                    deadline: float | None) -> tuple[np.ndarray, float]:
     start = time.perf_counter()
     if deadline is not None and start > deadline:  # the request gave up while this waited for a thread
-        raise APIError(504, "timeout", f"request not answered within {s.timeout_s:g}s (--timeout-s)")
-    x = prepare(data, art.preprocess, s.max_pixels, jpeg_draft=s.jpeg_draft, budget=budget, deadline=deadline,
-                max_scans=s.max_jpeg_scans)
-    return x, time.perf_counter() - start
+        raise timed_out(settings.timeout_s)
+    array = prepare(data, artifact.preprocess, settings.max_pixels, jpeg_draft=settings.jpeg_draft, budget=budget,
+                    deadline=deadline, max_scans=settings.max_jpeg_scans)
+    return array, time.perf_counter() - start
 
 
 def local_service(settings: Settings, metrics: Metrics | None = None) -> Service:
-    """A Service over a :class:`~..hosting.local.LocalHost` (one process, or the engine process)."""
+    """A Service over a :class:`~..hosting.local.LocalHost` (one process, or the engine process).
+
+    Args:
+        settings: the server's settings.
+        metrics: the process's metrics (default: new ones).
+
+    Returns:
+        The service, not yet loaded (:meth:`Service.load`).
+    """
     from ..hosting.local import LocalHost
 
     metrics = metrics or Metrics()

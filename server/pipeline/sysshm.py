@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import Settings
 from ..errors import APIError
 
 SHM_ROOT = "/dev/shm"
@@ -83,6 +84,19 @@ class SharedMemoryRegistry:
         self.name_prefix = name_prefix
         self._regions: dict[tuple[int, str], Region] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SharedMemoryRegistry:
+        """The registry ``--allow-client-shm`` and its limits ask for (one per process, held by its front ends).
+
+        Args:
+            settings: the server's settings.
+
+        Returns:
+            An empty registry (off unless ``settings.allow_client_shm``).
+        """
+        return cls(settings.allow_client_shm, settings.max_shm_regions, int(settings.max_shm_region_mb * 2**20),
+                   name_prefix=settings.shm_name_prefix)
 
     def require_enabled(self) -> None:
         """403 naming the flag unless client shared memory is on."""
@@ -141,9 +155,11 @@ class SharedMemoryRegistry:
         try:
             flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
             try:
-                fd, writable = os.open(base, os.O_RDWR | flags, dir_fd=dir_fd), True
+                fd = os.open(base, os.O_RDWR | flags, dir_fd=dir_fd)
+                writable = True
             except PermissionError:
-                fd, writable = os.open(base, os.O_RDONLY | flags, dir_fd=dir_fd), False
+                fd = os.open(base, os.O_RDONLY | flags, dir_fd=dir_fd)
+                writable = False
         except OSError as e:
             raise _bad(f"unable to open shared memory key {key!r}: {e.strerror}") from None
         finally:

@@ -21,7 +21,7 @@ from irpe.server.errors import APIError
 from irpe.server.hosting.version import ModelVersion, VersionState
 from irpe.server.http.protocol import protocol_factory
 from irpe.server.pipeline.decode import PixelBudget, _sixteen_to_l, jpeg_scans
-from irpe.server.pipeline.service import Service, local_service
+from irpe.server.pipeline.service import Readiness, Service, local_service
 from tests.reliability.hostile import scan_bomb
 from tests.server.helpers import encode, image
 
@@ -138,7 +138,8 @@ def _ready_state(batcher: Batcher | None = None, **settings: object) -> Service:
     state = local_service(Settings(**settings))  # type: ignore[arg-type]
     batcher = batcher or Batcher(lambda x: x, sizes=[1], max_wait_ms=1, max_queue=8)
     state.host.records["m"] = {1: ModelVersion("m", 1, Path("."), batcher=batcher, state=VersionState.READY)}
-    state.host.started, state.ready = True, True
+    state.host.started = True
+    state.readiness = Readiness.READY
     return state
 
 
@@ -194,7 +195,8 @@ def test_health_shows_failure_text_only_with_the_key() -> None:
     from irpe.server.http.routes import _failure
 
     state = local_service(Settings(api_key="k"))
-    state.failure = "warm-up failed: /secret/path/model.onnx"
+    state.readiness = Readiness.FAILED
+    state.reason = "warm-up failed: /secret/path/model.onnx"
 
     def req(*headers: tuple[bytes, bytes]) -> Request:
         return Request({"type": "http", "method": "GET", "path": "/healthz", "headers": list(headers)})
@@ -203,5 +205,6 @@ def test_health_shows_failure_text_only_with_the_key() -> None:
     assert "/secret" not in _failure(req((b"authorization", b"Bearer nope")), state)
     assert _failure(req((b"authorization", b"Bearer k")), state) == state.failure
     open_state = local_service(Settings())
-    open_state.failure = state.failure
+    open_state.readiness = Readiness.FAILED
+    open_state.reason = state.failure
     assert _failure(req(), open_state) == state.failure  # no key set: nothing to hide it behind
