@@ -253,3 +253,31 @@ def test_no_global_statement_in_the_package():
             bad += [f"{path.relative_to(REPO)}:{node.lineno} global {', '.join(node.names)}"
                     for node in ast.walk(tree) if isinstance(node, ast.Global)]
     assert not bad, "module state belongs in an object (a class attribute, a cached factory):\n" + "\n".join(bad)
+
+
+def _mixed_bool_ops(source: str) -> list[int]:
+    """Lines where ``and`` and ``or`` meet without parentheses around the inner one."""
+    offsets = [0]
+    for line in source.splitlines(keepends=True):
+        offsets.append(offsets[-1] + len(line))
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.BoolOp):
+            continue
+        for inner in node.values:
+            if isinstance(inner, ast.BoolOp) and type(inner.op) is not type(node.op):
+                start = offsets[inner.lineno - 1] + inner.col_offset
+                end = offsets[inner.end_lineno - 1] + inner.end_col_offset
+                if not (source[:start].rstrip().endswith("(") and source[end:].lstrip().startswith(")")):
+                    found.append(inner.lineno)
+    return found
+
+
+def test_and_or_never_mix_without_parentheses_in_server():
+    bad = [f"{path.relative_to(REPO)}:{line}" for path in sorted((REPO / "server").rglob("*.py"))
+           for line in _mixed_bool_ops(path.read_text())]
+    assert not bad, "put parentheses around the inner and / or:\n" + "\n".join(bad)
+
+
+def test_mixed_bool_op_finder_finds_them():
+    assert _mixed_bool_ops("x = a or b and c\ny = a or (b and c)\nz = (a and b) or c\nw = a and b and c\n") == [1]

@@ -84,7 +84,7 @@ def _cuts(data: bytes) -> list[Cut] | None:
         for count, (number, wire, a, b, at) in enumerate(fields(data, 0, len(data))):
             if count >= FIELD_BUDGET:
                 return None
-            if wire == 2 and (number == RAW_INPUT_CONTENTS or number == REQUEST_ID and b - a > MAX_ID_BYTES):
+            if wire == 2 and (number == RAW_INPUT_CONTENTS or (number == REQUEST_ID and b - a > MAX_ID_BYTES)):
                 cuts.append(Cut(at, a, b, raw=number == RAW_INPUT_CONTENTS))
     except Malformed:
         return []
