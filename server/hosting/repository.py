@@ -31,16 +31,27 @@ class VersionPolicy:
     versions: tuple[int, ...] = ()
 
     def select(self, available: list[int]) -> list[int]:
-        """The versions to serve out of ``available``, ascending."""
+        """The versions to serve.
+
+        Args:
+            available: the version numbers on disk, in any order.
+
+        Returns:
+            Those the policy serves, ascending.
+        """
         have = sorted(available)
         if self.kind == "all":
             return have
         if self.kind == "specific":
-            return [v for v in have if v in self.versions]
+            return [number for number in have if number in self.versions]
         return have[-self.num_versions:] if have else []
 
     def to_config(self) -> dict[str, Any]:
-        """Triton's JSON form."""
+        """The policy in Triton's JSON form.
+
+        Returns:
+            ``{"all": {}}``, ``{"specific": {"versions": [...]}}`` or ``{"latest": {"num_versions": n}}``.
+        """
         if self.kind == "all":
             return {"all": {}}
         if self.kind == "specific":
@@ -49,7 +60,18 @@ class VersionPolicy:
 
     @classmethod
     def from_config(cls, raw: object, where: str) -> VersionPolicy:
-        """Parse Triton's JSON form; RepositoryError naming ``where`` and the accepted forms."""
+        """Parse Triton's JSON form.
+
+        Args:
+            raw: the ``version_policy`` value of a config.json.
+            where: the file, for the error.
+
+        Returns:
+            The policy.
+
+        Raises:
+            RepositoryError: ``raw`` is none of the accepted forms (the message names ``where`` and them).
+        """
         hint = (f'{where}: version_policy must be {{"latest": {{"num_versions": N}}}}, {{"all": {{}}}} or '
                 f'{{"specific": {{"versions": [1, 2]}}}}, got {raw!r}')
         if not isinstance(raw, dict) or len(raw) != 1:
@@ -59,13 +81,13 @@ class VersionPolicy:
         if kind == "all" and body is not None:
             return cls("all")
         if kind == "latest" and body is not None:
-            n = body.get("num_versions", 1)
-            if type(n) is int and n >= 1:
-                return cls("latest", n)
+            count = body.get("num_versions", 1)
+            if type(count) is int and count >= 1:
+                return cls("latest", count)
         if kind == "specific" and body is not None:
-            vs = body.get("versions")
-            if isinstance(vs, list) and vs and all(type(v) is int and v >= 1 for v in vs):
-                return cls("specific", versions=tuple(sorted(vs)))
+            listed = body.get("versions")
+            if isinstance(listed, list) and listed and all(type(number) is int and number >= 1 for number in listed):
+                return cls("specific", versions=tuple(sorted(listed)))
         raise RepositoryError(hint)
 
 
@@ -88,7 +110,14 @@ class ModelDir:
 
 
 def is_plain_artifact(root: Path) -> bool:
-    """True when ``root`` is one artifact directory (holds model.json), not a repository."""
+    """Whether ``root`` is one artifact directory, not a repository.
+
+    Args:
+        root: the directory ``irpe serve`` was given.
+
+    Returns:
+        True when it holds model.json.
+    """
     return (root / "model.json").is_file()
 
 
@@ -101,7 +130,17 @@ def _plain_name(root: Path) -> str:
 
 
 def read_config(model_dir: Path) -> ModelConfig:
-    """``<model>/config.json`` (absent: defaults); RepositoryError for a bad one."""
+    """A model's ``config.json``.
+
+    Args:
+        model_dir: ``<repo>/<model>``.
+
+    Returns:
+        Its config (the defaults when there is no config.json).
+
+    Raises:
+        RepositoryError: config.json is not valid JSON, not an object, or holds a bad policy or max_queue.
+    """
     path = model_dir / "config.json"
     if not path.is_file():
         return ModelConfig()
@@ -120,35 +159,56 @@ def read_config(model_dir: Path) -> ModelConfig:
 
 
 def _versions(model_dir: Path) -> dict[int, Path]:
+    """Version number -> directory, for the sub-directories named by a positive ASCII number."""
     out = {}
-    for p in model_dir.iterdir():
-        if p.is_dir() and p.name.isascii() and p.name.isdigit() and int(p.name) >= 1:
-            out[int(p.name)] = p
+    for child in model_dir.iterdir():
+        if child.is_dir() and child.name.isascii() and child.name.isdigit() and int(child.name) >= 1:
+            out[int(child.name)] = child
     return out
 
 
 def scan(root: Path) -> dict[str, ModelDir]:
-    """Every model under ``root`` (a plain artifact directory is one model, version 1)."""
+    """Every model under ``root``.
+
+    Args:
+        root: a model repository, or a plain artifact directory (one model, version 1).
+
+    Returns:
+        model name -> what is on disk for it (a config.json that cannot be read: in ``error``).
+
+    Raises:
+        RepositoryError: ``root`` is not a directory.
+    """
     if is_plain_artifact(root):
         return {(name := _plain_name(root)): ModelDir(name, ModelConfig(), {1: root})}
     if not root.is_dir():
         raise RepositoryError(f"{root}: no such directory; pass an artifact directory (with model.json) or a "
                               "model repository (<model>/<version>/model.json)")
     models = {}
-    for d in sorted(root.iterdir()):
-        if not d.is_dir() or d.name.startswith("."):
+    for model_dir in sorted(root.iterdir()):
+        if not model_dir.is_dir() or model_dir.name.startswith("."):
             continue
         try:
-            models[d.name] = ModelDir(d.name, read_config(d), _versions(d))
+            models[model_dir.name] = ModelDir(model_dir.name, read_config(model_dir), _versions(model_dir))
         except RepositoryError as e:
-            models[d.name] = ModelDir(d.name, ModelConfig(), _versions(d), error=str(e))
+            models[model_dir.name] = ModelDir(model_dir.name, ModelConfig(), _versions(model_dir), error=str(e))
     return models
 
 
 def check_layout(root: Path) -> dict[str, ModelDir]:
-    """:func:`scan`, refusing a repository without a single ``<model>/<version>/`` directory."""
+    """:func:`scan`, refusing a repository without a single ``<model>/<version>/`` directory.
+
+    Args:
+        root: what ``irpe serve`` was given.
+
+    Returns:
+        As :func:`scan`.
+
+    Raises:
+        RepositoryError: ``root`` is neither an artifact directory nor a repository with a version.
+    """
     models = scan(root)
-    if not any(m.versions for m in models.values()):
+    if not any(model.versions for model in models.values()):
         raise RepositoryError(f"{root}: neither an artifact directory (no model.json: write one with `irpe export`) "
                               "nor a model repository (no <model>/<version>/ directories, version = a positive "
                               "integer); see docs/serving.md, 'Model repository'")
@@ -156,10 +216,17 @@ def check_layout(root: Path) -> dict[str, ModelDir]:
 
 
 def signature(path: Path) -> tuple[tuple[str, int, int], ...]:
-    """(name, size, mtime) of every file in a version directory: changes when a version is rewritten."""
+    """What tells a rewritten version from the one loaded.
+
+    Args:
+        path: a version directory.
+
+    Returns:
+        (name, size, mtime in ns) of every file in it, by name; empty when it is not a directory.
+    """
     out = []
-    for p in sorted(path.iterdir()) if path.is_dir() else []:
-        if p.is_file():
-            st = p.stat()
-            out.append((p.name, st.st_size, st.st_mtime_ns))
+    for child in sorted(path.iterdir()) if path.is_dir() else []:
+        if child.is_file():
+            stat = child.stat()
+            out.append((child.name, stat.st_size, stat.st_mtime_ns))
     return tuple(out)
