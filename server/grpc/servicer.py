@@ -192,7 +192,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if not service.host.knows(name):
             service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
         with service.use(name, version) as model_version:
-            art = model_version.art
+            art = model_version.artifact
             assert art is not None
             loop = asyncio.get_running_loop()
             raw = codec.raw_inputs(req) if raw is None else raw

@@ -316,9 +316,9 @@ class ModelHost(ABC):
         """Whether :meth:`versions` lists ``model_version``."""
         if model_version.ready and not model_version.leaving:
             return True
-        if failed and model_version.art is not None and model_version.failure:
+        if failed and model_version.artifact is not None and model_version.failure:
             return True
-        return not self.started and model_version.state == VersionState.LOADING and model_version.art is not None
+        return not self.started and model_version.state == VersionState.LOADING and model_version.artifact is not None
 
     def newest(self, name: str) -> ModelVersion | None:
         """The highest READY version of ``name`` that is not being retired.

@@ -337,9 +337,9 @@ class LocalHost(ModelHost):
         model_version = ModelVersion(name, version, path, signature=on_disk)
         settings = self.settings
         try:
-            model_version.art = load_artifact(path)
+            model_version.artifact = load_artifact(path)
             model_version.engine = load_engine(
-                path, model_version.art, backend=settings.backend, device=settings.device,
+                path, model_version.artifact, backend=settings.backend, device=settings.device,
                 threads=settings.resolved_threads(), max_batch=settings.resolved_max_batch(),
                 precision=settings.precision, streams=settings.resolved_inference_threads(),
                 solo_threads=settings.resolved_solo_threads())
@@ -358,10 +358,10 @@ class LocalHost(ModelHost):
 
     def _activate(self, model_version: ModelVersion) -> None:
         """Warm every batch size, start the batcher, make it routable."""
-        assert model_version.engine is not None and model_version.art is not None
+        assert model_version.engine is not None and model_version.artifact is not None
         assert model_version.batcher is not None
         try:
-            took = warm_up(model_version.engine, model_version.art)
+            took = warm_up(model_version.engine, model_version.artifact)
         except Exception as e:  # a model that loads but cannot run
             self._failed(model_version, f"warm-up failed: {e}")
             return

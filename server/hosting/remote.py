@@ -211,13 +211,13 @@ class RemoteHost(ModelHost):
         sent does not parse)."""
         model_version = ModelVersion(name, version, path, signature=on_disk)
         try:
-            model_version.art = ModelArtifact.from_dict(artifact, source=f"the engine's {name} version {version}")
+            model_version.artifact = ModelArtifact.from_dict(artifact, source=f"the engine's {name} version {version}")
         except ArtifactError as e:
             model_version.mark_unavailable(str(e))
             return model_version
         model_version.info = EngineInfo(**info)
         entry = self._catalog.get(name)
-        model_version.batcher = self.link.batcher(name, version, model_version.art.preprocess.crop,
+        model_version.batcher = self.link.batcher(name, version, model_version.artifact.preprocess.crop,
                                                   (entry.max_queue if entry else 0) or self.settings.max_queue)
         model_version.mark_ready()
         self.labeled.ready.labels(name, str(version)).set(1)  # per process: this front end routes to it

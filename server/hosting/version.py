@@ -62,7 +62,7 @@ class ModelVersion:
     name: str
     version: int
     path: Path
-    art: ModelArtifact | None = None
+    artifact: ModelArtifact | None = None
     engine: Engine | None = None  # in the process that runs it (LocalHost) only
     batcher: BatchQueue | None = None  # kept (stopped) after the version is retired: never another's
     state: VersionState = VersionState.LOADING

@@ -87,7 +87,7 @@ async def classify_body(request: Request, service: Service, k: int, model: str |
 
 
 async def _classify(request: Request, service: Service, model_version: ModelVersion, k: int, started: float) -> bytes:
-    artifact = model_version.art
+    artifact = model_version.artifact
     assert artifact is not None
     if k > artifact.num_classes:
         raise APIError(422, "validation_error", f"query.top_k: must be between 1 and {artifact.num_classes}")

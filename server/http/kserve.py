@@ -106,7 +106,7 @@ async def _infer_on(request: Request, service: Service, model_version: ModelVers
                     ) -> tuple[bytes, dict[str, str], str]:
     """Parse and render on the event loop when small and uncompressed (a thread hop each costs more than the
     work: the GIL changes hands twice), in the decode pool otherwise."""
-    artifact = model_version.art
+    artifact = model_version.artifact
     assert artifact is not None
     settings = service.settings
     raw = await read_limited(request, settings.max_body_bytes)

@@ -36,7 +36,7 @@ def service_of(request: Request) -> Service:
 
 def model_metadata(service: Service, model_version: ModelVersion) -> dict[str, Any]:
     """model.json facts plus what is actually running."""
-    artifact = model_version.art
+    artifact = model_version.artifact
     assert artifact is not None
     info = model_version.info
     return {"name": model_version.name, "version": str(model_version.version), "architecture": artifact.architecture,

@@ -47,15 +47,15 @@ def route_table(service: Service) -> dict[str, Any] | None:
         return None
     return {"default": host.default_name(),
             "catalog": {n: [e.policy, e.error, e.max_queue] for n, e in host.catalog().items()},
-            "versions": [_version_row(served) for served in host.versions() if served.art is not None],
+            "versions": [_version_row(served) for served in host.versions() if served.artifact is not None],
             "index": host.index()}
 
 
 def _version_row(model_version: ModelVersion) -> list[Any]:
-    assert model_version.art is not None
+    assert model_version.artifact is not None
     info = asdict(model_version.info) if model_version.info else None
     return [model_version.name, model_version.version, str(model_version.path),
-            [list(f) for f in model_version.signature], model_version.art.to_dict(), info]
+            [list(f) for f in model_version.signature], model_version.artifact.to_dict(), info]
 
 
 async def answer(service: Service, array: np.ndarray, head: dict[str, Any]) -> bytes:

@@ -59,7 +59,7 @@ def platform(model_version: ModelVersion) -> tuple[str, str]:
 
 def model_metadata(service: Service, model_version: ModelVersion) -> dict[str, Any]:
     """Inputs, outputs, versions and platform of a model version (with its backend and precision)."""
-    artifact = model_version.art
+    artifact = model_version.artifact
     assert artifact is not None
     crop = artifact.preprocess.crop
     info = model_version.info
@@ -73,7 +73,7 @@ def model_metadata(service: Service, model_version: ModelVersion) -> dict[str, A
 
 
 def _io(model_version: ModelVersion) -> dict[str, Any]:
-    artifact = model_version.art
+    artifact = model_version.artifact
     assert artifact is not None
     crop = artifact.preprocess.crop
     return {"input": [{"name": artifact.input_name, "data_type": "TYPE_FP32", "format": "FORMAT_NONE",
@@ -90,7 +90,7 @@ def model_config(service: Service, model_version: ModelVersion) -> dict[str, Any
     largest the queue fills); ``max_queue_delay_microseconds`` 0, as a request never waits for a batch while an
     inference thread is idle (with several threads, one that finds a part batch while another batch runs waits up
     to ``--max-wait-ms``: ``parameters.busy_fill_wait_us``); one ``<model>_0`` group of the inference threads."""
-    artifact = model_version.art
+    artifact = model_version.artifact
     assert artifact is not None
     settings = service.settings
     info = model_version.info

@@ -196,10 +196,10 @@ class Service:
     def _default_artifact(self) -> ModelArtifact:
         self.require_ready()
         newest = self.host.newest(self.host.default_name())
-        if newest is None or newest.art is None:
+        if newest is None or newest.artifact is None:
             unloaded = self.reason if self.readiness is Readiness.UNLOADED else ""
             raise not_ready(unloaded or NOT_STARTED)
-        return newest.art
+        return newest.artifact
 
     def admit(self, n: int) -> None:
         """Count ``n`` images as admitted before any is decoded: 503 with Retry-After when the images
