@@ -48,7 +48,14 @@ class MessageError(Exception):
 
 
 def authorization(metadata: Any) -> str:
-    """The call's ``authorization`` metadata value ('' when absent)."""
+    """The call's ``authorization`` metadata value.
+
+    Args:
+        metadata: the call's invocation metadata, ``(name, value)`` pairs.
+
+    Returns:
+        The value, or '' when the call sends none.
+    """
     return next((v for k, v in metadata or () if k == "authorization" and isinstance(v, str)), "")
 
 
@@ -87,7 +94,15 @@ class CallGate(grpc.aio.ServerInterceptor):
         return cached[1]
 
     def check(self, method: str, metadata: Any) -> None:
-        """Raise APIError (401/403) unless the call's metadata may call ``method``."""
+        """Whether the call's metadata may call ``method`` (module docstring: which methods need which key).
+
+        Args:
+            method: the call's full method name, ``/package.Service/Method``.
+            metadata: the call's invocation metadata.
+
+        Raises:
+            APIError: 401 without the key; 401 or 403 for model control without the admin key.
+        """
         if method in KEYLESS or method.startswith(KEYLESS_SERVICES):
             return
         if method in ADMIN:
@@ -99,7 +114,15 @@ class CallGate(grpc.aio.ServerInterceptor):
                            "'authorization: Bearer <key>'")
 
     def bounded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``handler`` reading its messages itself: in time, parsed off the loop when large (module docstring)."""
+        """``handler`` as a request-streaming handler that reads its messages itself: in time, parsed off the
+        loop when large (module docstring).
+
+        Args:
+            handler: the service's handler of the method.
+
+        Returns:
+            The handler the call runs (gRPC passes it the raw messages).
+        """
         parse = handler.request_deserializer
         if handler.request_streaming:
             behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
@@ -112,13 +135,7 @@ class CallGate(grpc.aio.ServerInterceptor):
             async def requests_of(context: Any) -> Any:
                 return await self.first(context, parse)
             if not handler.response_streaming:  # the common case, with one coroutine less
-                async def unary(requests: AsyncIterator[bytes], context: Any) -> Any:
-                    try:
-                        request = await self.first(context, parse)
-                    except MessageError as e:
-                        await _end(context, e)
-                    return await behavior(request, context)
-                return grpc.stream_unary_rpc_method_handler(unary, None, handler.response_serializer)
+                return self._unary(behavior, parse, handler.response_serializer)
         if inspect.isasyncgenfunction(behavior):
             async def answers(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
                 try:
@@ -137,8 +154,25 @@ class CallGate(grpc.aio.ServerInterceptor):
             grpc.stream_unary_rpc_method_handler
         return make(answer, None, handler.response_serializer)
 
+    def _unary(self, behavior: Callable[..., Awaitable[Any]], parse: Callable[[bytes], Any] | None,
+               serialize: Callable[[Any], bytes] | None) -> grpc.RpcMethodHandler:
+        async def unary(requests: AsyncIterator[bytes], context: Any) -> Any:
+            try:
+                request = await self.first(context, parse)
+            except MessageError as e:
+                await _end(context, e)
+            return await behavior(request, context)
+        return grpc.stream_unary_rpc_method_handler(unary, None, serialize)
+
     async def first(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None) -> Any:
         """A unary call's request, parsed.
+
+        Args:
+            context: the call.
+            parse: the method's request deserializer (None: the raw bytes).
+
+        Returns:
+            The request.
 
         Raises:
             MessageError: late, not parseable, or missing.
@@ -150,7 +184,18 @@ class CallGate(grpc.aio.ServerInterceptor):
 
     async def each(self, context: grpc.aio.ServicerContext,
                    parse: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:
-        """A stream's requests, parsed, each in time; MessageError for one that is late or does not parse."""
+        """A stream's requests, parsed, each in time.
+
+        Args:
+            context: the call.
+            parse: the method's request deserializer (None: the raw bytes).
+
+        Yields:
+            Each request, until the client ends its side.
+
+        Raises:
+            MessageError: a request late or not parseable.
+        """
         while (request := await self.next_message(context, parse, self.limits.idle_timeout_s,
                                                   "--grpc-idle-timeout-s")) is not grpc.aio.EOF:
             yield request
@@ -160,6 +205,15 @@ class CallGate(grpc.aio.ServerInterceptor):
         """The call's next message within ``timeout_s`` (``flag`` sets it), parsed with ``parse``; ``grpc.aio.EOF``
         when the client sent no more. (``context.read()`` costs less than the request iterator, and the
         :class:`Deadlines` sweep less than a timer per call.)
+
+        Args:
+            context: the call.
+            parse: the method's request deserializer (None: the raw bytes).
+            timeout_s: how long the message may take.
+            flag: the setting of ``timeout_s``, named in the error.
+
+        Returns:
+            The request, or ``grpc.aio.EOF``.
 
         Raises:
             MessageError: late (DEADLINE_EXCEEDED) or not parseable (INVALID_ARGUMENT).
@@ -233,7 +287,16 @@ async def _end(context: grpc.aio.ServicerContext, error: MessageError) -> None:
 
 
 def refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler of ``handler``'s RPC that ends the call with ``code`` at once, reading no message."""
+    """A handler of ``handler``'s RPC that ends the call at once, reading no message.
+
+    Args:
+        handler: the service's handler of the method (its response kind and serializer are kept).
+        code: the status the call ends with.
+        message: the status details.
+
+    Returns:
+        The refusing handler.
+    """
 
     async def refuse(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, message)
