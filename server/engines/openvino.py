@@ -69,7 +69,7 @@ def resolve_precision(requested: str, artifact: ModelArtifact, has_bf16: bool) -
         if requested == "bf16":
             log.warning("--precision bf16: this CPU has no native bf16 (AVX512-BF16/AMX); running fp32")
         return "fp32"
-    if requested == "auto" and art_fidelity(artifact, "bf16").get("passed") is not True:
+    if requested == "auto" and fidelity_report(artifact, "bf16").get("passed") is not True:
         return "fp32"
     return "bf16"
 
@@ -78,14 +78,14 @@ def preferred(artifact: ModelArtifact, precision: str) -> bool:
     """Whether ``--backend auto`` should run ``artifact`` on OpenVINO rather than ONNX Runtime on this CPU."""
     if artifact.rpe_plugin or not openvino_available():
         return False
-    if str(art_quantization(artifact).get("precision", "")) == "int8" or precision == "bf16":
+    if str(quantization_of(artifact).get("precision", "")) == "int8" or precision == "bf16":
         return True
     import openvino as ov
 
     return resolve_precision(precision, artifact, cpu_has_bf16(ov.Core())) == "bf16"
 
 
-def art_fidelity(artifact: ModelArtifact, key: str) -> dict[str, Any]:
+def fidelity_report(artifact: ModelArtifact, key: str) -> dict[str, Any]:
     """``model.json`` fidelity report ``key`` (``int8``, ``bf16``), or {} when absent."""
     report = getattr(artifact, "fidelity", None) or {}
     value = report.get(key) if isinstance(report, dict) else None
@@ -141,7 +141,7 @@ class OpenVINOEngine(Engine):
         except RuntimeError:
             raise EngineError(f"{onnx_path}: no output {artifact.output_name!r}; re-export the artifact") from None
         self._local = threading.local()
-        int8 = str(art_quantization(artifact).get("precision", "")) == "int8"
+        int8 = str(quantization_of(artifact).get("precision", "")) == "int8"
         precision_name = ("int8+" if int8 else "") + self.float_precision
         limit = max_batch if found[0] == -1 else min(max_batch, found[0])
         self.info = EngineInfo("openvino", "cpu", [f"OpenVINO {ov.get_version().split('-')[0]} CPU"],
@@ -159,7 +159,7 @@ class OpenVINOEngine(Engine):
         return np.array(out[self.output_port], dtype=np.float32)  # a copy: the request reuses its buffer
 
 
-def art_quantization(artifact: ModelArtifact) -> dict[str, Any]:
+def quantization_of(artifact: ModelArtifact) -> dict[str, Any]:
     """``model.json`` ``quantization`` (empty for a float artifact)."""
-    q = getattr(artifact, "quantization", None)
-    return q if isinstance(q, dict) else {}
+    quantization = getattr(artifact, "quantization", None)
+    return quantization if isinstance(quantization, dict) else {}

@@ -58,7 +58,15 @@ def platform(model_version: ModelVersion) -> tuple[str, str]:
 
 
 def model_metadata(service: Service, model_version: ModelVersion) -> dict[str, Any]:
-    """Inputs, outputs, versions and platform of a model version (with its backend and precision)."""
+    """Triton's model metadata.
+
+    Args:
+        service: the process's service (its host lists the model's versions).
+        model_version: the version asked about.
+
+    Returns:
+        Inputs, outputs, versions and platform of the version (with its backend and precision).
+    """
     artifact = model_version.artifact
     assert artifact is not None
     crop = artifact.preprocess.crop
@@ -233,7 +241,21 @@ def bytes_tensor(strings: list[str]) -> bytes:
 
 
 async def infer(service: Service, model_version: ModelVersion, images: np.ndarray, started: float) -> np.ndarray:
-    """The logits [N, classes] of checked ``images`` on ``model_version``'s batcher, within the request deadline."""
+    """Run checked images on a model version's batcher, within the request deadline.
+
+    Args:
+        service: the process's service.
+        model_version: the version the request holds.
+        images: float32 [N, 3, H, W], checked (:func:`check_images`).
+        started: when the request started (``time.perf_counter()``).
+
+    Returns:
+        The logits [N, classes].
+
+    Raises:
+        APIError: 503 (queue full, stopping), 504 past the deadline.
+        ProtocolError: 400 when the model output is not finite.
+    """
     results = await service.infer(list(images), model_version, started)
     logits = results[0].logits[None] if len(results) == 1 else np.stack([r.logits for r in results])
     if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model

@@ -145,7 +145,15 @@ class Service:
         self.metrics.ready.set(1 if self.ready else 0)
 
     def control(self, name: str, load: bool) -> None:
-        """``POST /v2/repository/models/{name}/load|unload`` (blocking: run it in a thread)."""
+        """``POST /v2/repository/models/{name}/load|unload`` (blocking: run it in a thread).
+
+        Args:
+            name: the model.
+            load: load it (else unload it).
+
+        Raises:
+            APIError: what the host refuses (unknown model, model control off, a failed load).
+        """
         try:
             self.host.control(name, load)
         finally:
@@ -161,8 +169,18 @@ class Service:
 
     @contextmanager
     def use(self, name: str | None = None, version: str | None = None) -> Iterator[ModelVersion]:
-        """The model version a request runs on, held until the request is answered (404 for an unknown
-        model or version; 503 while the server is still warming up)."""
+        """The model version a request runs on, held until the request is answered.
+
+        Args:
+            name: the model (None: the default model).
+            version: the version (None: the newest READY one).
+
+        Yields:
+            The version, held for the block.
+
+        Raises:
+            APIError: 404 for an unknown model or version; 503 while the server is still warming up.
+        """
         self.check_workers()
         if not self.started:
             self.require_ready()
@@ -170,8 +188,18 @@ class Service:
             yield model_version
 
     def model(self, name: str, version: str | None = None) -> ModelVersion:
-        """The served version a metadata request names (no version: the newest): 404 for a model the
-        repository does not hold, even while warming up; 503 while warming up."""
+        """The served version a metadata request names.
+
+        Args:
+            name: the model.
+            version: the version (None: the newest).
+
+        Returns:
+            The version.
+
+        Raises:
+            APIError: 404 for a model the repository does not hold, even while warming up; 503 while warming up.
+        """
         if self.started:
             return self.host.lookup(name, version)
         if not self.host.knows(name):
@@ -201,22 +229,30 @@ class Service:
             raise not_ready(unloaded or NOT_STARTED)
         return newest.artifact
 
-    def admit(self, n: int) -> None:
-        """Count ``n`` images as admitted before any is decoded: 503 with Retry-After when the images
-        being decoded or queued would pass --max-queue (a many-image request is refused, not decoded)."""
-        if n > self.settings.max_queue:
-            raise APIError(413, "too_many_files", f"{n} images in one request; the queue holds "
+    def admit(self, images: int) -> None:
+        """Count a request's images as admitted before any is decoded (a many-image request is refused, not
+        decoded).
+
+        Args:
+            images: how many the request carries.
+
+        Raises:
+            APIError: 413 for more than --max-queue images; 503 with Retry-After when the images being decoded
+                or queued would pass --max-queue.
+        """
+        if images > self.settings.max_queue:
+            raise APIError(413, "too_many_files", f"{images} images in one request; the queue holds "
                            f"{self.settings.max_queue} (--max-queue)")
-        if self.admitted + n > self.settings.max_queue:
+        if self.admitted + images > self.settings.max_queue:
             retry = max(1, self.admitted // 64)
             raise APIError(503, "queue_full", f"server busy: {self.admitted} image(s) being decoded or queued, "
                            f"limit {self.settings.max_queue} (--max-queue); retry in {retry}s",
                            {"Retry-After": str(retry)})
-        self.admitted += n
+        self.admitted += images
 
-    def release(self, n: int) -> None:
+    def release(self, images: int) -> None:
         """Undo :meth:`admit` once the images are answered (or failed)."""
-        self.admitted = max(0, self.admitted - n)
+        self.admitted = max(0, self.admitted - images)
 
     async def preprocess(self, blobs: list[bytes], artifact: ModelArtifact | None = None,
                          deadline: float | None = None) -> tuple[list[np.ndarray], float]:
