@@ -118,7 +118,13 @@ class _Item:
 
 
 def settle(future: asyncio.Future, value: object, error: BaseException | None) -> None:
-    """Resolve ``future`` with ``value`` (or ``error``) unless it is already done (on its own loop)."""
+    """Resolve a future unless it is already done (call it on the future's own loop).
+
+    Args:
+        future: the future.
+        value: its result.
+        error: its exception instead (None: the result).
+    """
     if future.done():
         return
     if error is not None:

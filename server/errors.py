@@ -16,3 +16,27 @@ class APIError(Exception):
         self.code = code
         self.message = message
         self.headers = headers or {}
+
+
+def not_ready(message: str) -> APIError:
+    """The 503 a request gets while what it needs is not serving (clients retry after a second).
+
+    Args:
+        message: what is not ready, for the client.
+
+    Returns:
+        The error to raise.
+    """
+    return APIError(503, "not_ready", message, {"Retry-After": "1"})
+
+
+def timed_out(timeout_s: float) -> APIError:
+    """The 504 of a request not answered within --timeout-s.
+
+    Args:
+        timeout_s: the request deadline, in seconds.
+
+    Returns:
+        The error to raise.
+    """
+    return APIError(504, "timeout", f"request not answered within {timeout_s:g}s (--timeout-s)")

@@ -45,7 +45,13 @@ class ModelStats:
         self._reasons = dict.fromkeys(FAIL_REASONS, 0)
 
     def request(self, ok: bool, seconds: float, reason: str = "OTHER") -> None:
-        """One request answered (``ok``) or failed (Triton's ``reason``), ``seconds`` after it was submitted."""
+        """Count one request.
+
+        Args:
+            ok: whether it was answered (else it failed).
+            seconds: from its submit to its answer.
+            reason: Triton's failure reason (``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``).
+        """
         with self._lock:
             self._add(self._totals["success" if ok else "fail"], 1, seconds)
             if not ok:
@@ -77,8 +83,16 @@ class ModelStats:
         slot[1] += int(seconds * 1e9)
 
     def to_triton(self, name: str, version: str = "1", reasons: bool = False) -> dict[str, Any]:
-        """One entry of Triton's ``model_stats`` list (``reasons``: plus ``fail_reasons``, failures by Triton's
-        metric reason, for ``nv_inference_request_failure``)."""
+        """One entry of Triton's ``model_stats`` list.
+
+        Args:
+            name: the model.
+            version: the version.
+            reasons: add ``fail_reasons``, failures by Triton's metric reason (``nv_inference_request_failure``).
+
+        Returns:
+            The entry.
+        """
         with self._lock:
             infer = {k: _duration(*v) for k, v in self._totals.items()}
             infer["cache_hit"] = _duration()

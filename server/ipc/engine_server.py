@@ -27,7 +27,7 @@ from irpe.artifact import ArtifactError
 
 from ..config import Settings
 from ..engines import EngineError
-from ..errors import APIError
+from ..errors import APIError, not_ready
 from ..hosting.host import ModelVersion
 from ..memory import tune_gc
 from ..pipeline.service import Service, local_service
@@ -64,7 +64,7 @@ async def answer(service: Service, array: np.ndarray, head: dict[str, Any]) -> b
     host = service.host
     try:
         if not host.started:
-            raise APIError(503, "not_ready", service.failure or "engine is warming up", {"Retry-After": "1"})
+            raise not_ready(service.failure or "engine is warming up")
         with host.acquire(head.get("model"), head.get("version")) as model_version:
             if model_version.batcher is None:
                 raise APIError(503, "not_ready",

@@ -44,13 +44,28 @@ REPLY = "reply"
 
 
 def pack(header: dict[str, Any], data: bytes = b"") -> bytes:
-    """One frame."""
+    """One frame.
+
+    Args:
+        header: the frame's header (JSON-serialisable).
+        data: the raw data after it.
+
+    Returns:
+        The frame's bytes.
+    """
     head = orjson.dumps(header)
     return _FRAME.pack(len(head), len(data)) + head + data
 
 
 def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes] | None:
-    """Read one frame from a blocking socket; None at EOF."""
+    """Read one frame from a blocking socket.
+
+    Args:
+        sock: the socket.
+
+    Returns:
+        The header and the data; None at EOF.
+    """
     raw = _recv_exactly(sock, _FRAME.size)
     if raw is None:
         return None
@@ -72,7 +87,14 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
 
 
 async def read_frame(reader: Any) -> tuple[dict[str, Any], bytes] | None:
-    """Read one frame from an asyncio StreamReader; None at EOF."""
+    """Read one frame from an asyncio StreamReader.
+
+    Args:
+        reader: the stream.
+
+    Returns:
+        The header and the data; None at EOF or a broken stream.
+    """
     try:
         raw = await reader.readexactly(_FRAME.size)
         n_head, n_data = _FRAME.unpack(raw)
@@ -117,7 +139,14 @@ def answer_results(head: dict[str, Any], data: bytes) -> list[Result]:
 
 
 def error_head(e: BaseException) -> dict[str, Any]:
-    """The error fields of an answer for ``e`` (engine side)."""
+    """The error fields of an answer (engine side).
+
+    Args:
+        e: what the request raised.
+
+    Returns:
+        The header fields :func:`raise_error` turns back into the same exception.
+    """
     if isinstance(e, APIError):
         return {"err": "api", "status": e.status, "code": e.code, "msg": e.message, "headers": e.headers}
     if isinstance(e, QueueFullError):
@@ -130,7 +159,17 @@ def error_head(e: BaseException) -> dict[str, Any]:
 
 
 def raise_error(head: dict[str, Any]) -> None:
-    """Raise what :func:`error_head` sent, as the in-process pipeline raises it (front-end side)."""
+    """Raise what :func:`error_head` sent, as the in-process pipeline raises it (front-end side).
+
+    Args:
+        head: an answer's header.
+
+    Raises:
+        APIError: the client's error (a 504 for the engine's deadline).
+        QueueFullError: the engine's queue is full.
+        BatcherStoppedError: the engine is shutting down.
+        RuntimeError: any other failure in the engine.
+    """
     err = head.get("err") or (head.get("status") and "api")
     if not err:
         return
@@ -149,5 +188,14 @@ def raise_error(head: dict[str, Any]) -> None:
 def status_head(ready: bool, failure: str, table: dict[str, Any] | None) -> dict[str, Any]:
     """A status frame's header: readiness, and once warm the route table (:meth:`RemoteHost.apply` reads it:
     ``default``, ``catalog`` {name: [policy, error, max_queue]}, ``versions`` [[name, version, path,
-    signature, model.json dict, engine info dict]], ``index`` rows)."""
+    signature, model.json dict, engine info dict]], ``index`` rows).
+
+    Args:
+        ready: whether the engine serves its default model.
+        failure: why it failed, or "".
+        table: the route table (None until warm).
+
+    Returns:
+        The header.
+    """
     return {"op": STATUS, "ready": ready, "failure": failure, **({"table": table} if table is not None else {})}

@@ -21,10 +21,11 @@ from contextlib import contextmanager
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from irpe.artifact import Preprocess
+from irpe.artifact import ModelArtifact, Preprocess
 from irpe.artifact.preprocess import preprocess_image
 
-from ..errors import APIError
+from ..config import Settings
+from ..errors import APIError, timed_out
 from . import jpeg
 
 FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "BMP", "GIF", "TIFF"})
@@ -321,3 +322,28 @@ def _check_resized(w: int, h: int, preprocess: Preprocess, max_pixels: int) -> N
     if resized > max_pixels:
         raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {preprocess.resize} "
                        f"would give {resized} pixels, over the limit {max_pixels} (--max-pixels); crop it first")
+
+
+def prepare_timed(data: bytes, artifact: ModelArtifact, settings: Settings, budget: PixelBudget | None,
+                  deadline: float | None) -> tuple[np.ndarray, float]:
+    """:func:`prepare` with the server's settings, timed.
+
+    Args:
+        data: the encoded image.
+        artifact: the model whose preprocessing applies.
+        settings: the server's settings (pixel and scan limits, JPEG draft).
+        budget: the shared pixel budget (None: already taken).
+        deadline: the ``time.perf_counter()`` after which the request has given up.
+
+    Returns:
+        The model input and the seconds it took.
+
+    Raises:
+        APIError: 4xx for an image that cannot be decoded; 504 when the deadline passed before the decode began.
+    """
+    start = time.perf_counter()
+    if deadline is not None and start > deadline:  # the request gave up while this waited for a thread
+        raise timed_out(settings.timeout_s)
+    array = prepare(data, artifact.preprocess, settings.max_pixels, jpeg_draft=settings.jpeg_draft, budget=budget,
+                    deadline=deadline, max_scans=settings.max_jpeg_scans)
+    return array, time.perf_counter() - start

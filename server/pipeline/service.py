@@ -27,11 +27,11 @@ from irpe.artifact import ModelArtifact
 
 from ..batching import BatcherStoppedError, QueueFullError, Result
 from ..config import Settings
-from ..errors import APIError
+from ..errors import APIError, not_ready, timed_out
 from ..hosting.host import NOT_STARTED, ModelHost, ModelVersion
 from ..memory import fix_mmap_threshold
 from ..metrics import Metrics
-from .decode import INLINE_PIXELS, InlineTurn, PixelBudget, inline_pixels, prepare
+from .decode import INLINE_PIXELS, InlineTurn, PixelBudget, inline_pixels, prepare_timed
 
 log = logging.getLogger("irpe.server")
 _TIMEOUT = getattr(asyncio, "timeout", None)  # Python 3.11+
@@ -46,30 +46,6 @@ class Readiness(Enum):
     UNLOADED = "unloaded"  # started, but the default model has no READY version (model control unloaded it)
     FAILED = "failed"  # warm-up failed, or inference cannot go on (an inference thread died, the engine left)
     STOPPING = "stopping"  # shutting down: the host drains
-
-
-def not_ready(message: str) -> APIError:
-    """The 503 a request gets while what it needs is not serving (clients retry after a second).
-
-    Args:
-        message: what is not ready, for the client.
-
-    Returns:
-        The error to raise.
-    """
-    return APIError(503, "not_ready", message, {"Retry-After": "1"})
-
-
-def timed_out(timeout_s: float) -> APIError:
-    """The 504 of a request not answered within --timeout-s.
-
-    Args:
-        timeout_s: the request deadline, in seconds.
-
-    Returns:
-        The error to raise.
-    """
-    return APIError(504, "timeout", f"request not answered within {timeout_s:g}s (--timeout-s)")
 
 
 @dataclass
@@ -290,7 +266,7 @@ class Service:
             return self._prepare_inline(blob, artifact, pixels, deadline)
         async with share if share is not None else contextlib.nullcontext():
             return await asyncio.get_running_loop().run_in_executor(
-                self.pool, _timed_prepare, blob, artifact, self.settings, self.budget, deadline)
+                self.pool, prepare_timed, blob, artifact, self.settings, self.budget, deadline)
 
     async def _prepare_many(self, blobs: list[bytes], artifact: ModelArtifact,
                             deadline: float | None) -> list[tuple[np.ndarray, float]]:
@@ -319,7 +295,7 @@ class Service:
     def _prepare_inline(self, blob: bytes, artifact: ModelArtifact, pixels: int,
                         deadline: float | None) -> tuple[np.ndarray, float]:
         try:
-            return _timed_prepare(blob, artifact, self.settings, None, deadline)
+            return prepare_timed(blob, artifact, self.settings, None, deadline)
         finally:
             if self.budget is not None:
                 self.budget.give(pixels)
@@ -387,16 +363,6 @@ class Service:
 
     def _remaining(self, started: float) -> float:
         return max(self.settings.timeout_s - (time.perf_counter() - started), 0.001)
-
-
-def _timed_prepare(data: bytes, artifact: ModelArtifact, settings: Settings, budget: PixelBudget | None,
-                   deadline: float | None) -> tuple[np.ndarray, float]:
-    start = time.perf_counter()
-    if deadline is not None and start > deadline:  # the request gave up while this waited for a thread
-        raise timed_out(settings.timeout_s)
-    array = prepare(data, artifact.preprocess, settings.max_pixels, jpeg_draft=settings.jpeg_draft, budget=budget,
-                    deadline=deadline, max_scans=settings.max_jpeg_scans)
-    return array, time.perf_counter() - start
 
 
 def local_service(settings: Settings, metrics: Metrics | None = None) -> Service:

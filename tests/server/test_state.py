@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from irpe.server.config import Settings
+from irpe.server.pipeline import decode as decode_module
 from irpe.server.pipeline import service as state_module
 from tests.server.helpers import encode, image
 
@@ -31,13 +32,13 @@ def _decode(settings: Settings, blobs: list[bytes]) -> list[np.ndarray]:
 def threads_seen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The name of the thread each decode ran on."""
     seen: list[str] = []
-    real = state_module.prepare
+    real = decode_module.prepare
 
     def spy(*args: object, **kwargs: object) -> np.ndarray:
         seen.append(threading.current_thread().name)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(state_module, "prepare", spy)
+    monkeypatch.setattr(decode_module, "prepare", spy)
     return seen
 
 
