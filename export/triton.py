@@ -65,7 +65,8 @@ def _find_plan(artifact_dir: Path, artifact: ModelArtifact, plan_path: str | Pat
     if plan_path is not None:
         plan = Path(plan_path)
         if not plan.is_file():
-            raise ArtifactError(f"{plan}: TensorRT plan not found (build it with `irpe engine` on a GPU host)")
+            raise ArtifactError(f"{plan}: TensorRT plan not found; build one on a GPU host with TensorRT: "
+                                "irpe export CHECKPOINT -o DIR --format tensorrt,triton")
         return plan
     for entry in artifact.engines.values():
         candidate = artifact_dir / str(entry.get("file", ""))
