@@ -21,7 +21,14 @@ from .runtime import announce, configure_logging, raise_open_file_limit
 
 
 def serve(settings: Settings) -> None:
-    """Run until SIGINT/SIGTERM (graceful: in-flight requests finish, the batchers drain)."""
+    """Run until SIGINT/SIGTERM (graceful: in-flight requests finish, the batchers drain).
+
+    Args:
+        settings: the server's settings.
+
+    Raises:
+        SystemExit: a setting, artifact or repository the server cannot start with (one line naming the fix).
+    """
     try:
         settings.check_exposure()  # before anything else: an exposed server without a key never starts
     except ValueError as e:
@@ -50,7 +57,14 @@ def serve(settings: Settings) -> None:
 
 def check_artifact_dir(settings: Settings) -> None:
     """Resolve ``digits`` (the shipped model) and check the directory: a bad artifact or repository layout is
-    a one-line ArtifactError, not a traceback."""
+    a one-line ArtifactError, not a traceback.
+
+    Args:
+        settings: the server's settings (``artifact_dir`` is resolved in place).
+
+    Raises:
+        ArtifactError: a bad artifact or repository layout.
+    """
     settings.artifact_dir = str(resolve_artifact_dir(settings.artifact_dir))
     root = Path(settings.artifact_dir)
     if is_plain_artifact(root) or not root.is_dir():

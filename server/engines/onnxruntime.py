@@ -76,8 +76,16 @@ class OrtEngine(Engine):
     def keep_solo(self, images: np.ndarray, rounds: int = 8, gain: float = 0.8) -> bool:
         """Time ``images`` on both sessions (interleaved, fastest of ``rounds``); keep the solo session only
         when it takes at most ``gain`` of the shared one's time. The fastest, not the median: a new session's
-        first runs can take a single-thread time until the scheduler has put its threads on separate cores
-        (seen here: 32, 32, 32, 24, then 19 ms; 19-21 ms from the first run in other processes)."""
+        first runs can take a single-thread time until the scheduler has put its threads on separate cores.
+
+        Args:
+            images: a warm-up batch.
+            rounds: timed runs per session.
+            gain: the largest solo/shared time ratio that keeps the solo session.
+
+        Returns:
+            Whether the solo session is kept.
+        """
         if self.solo_session is None:
             return False
         times: dict[str, list[float]] = {"shared": [], "solo": []}

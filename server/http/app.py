@@ -76,8 +76,16 @@ class IrpeApp(FastAPI):
 
 
 def create_app(settings: Settings | None = None, service: Service | None = None) -> IrpeApp:
-    """Build the app for ``settings`` (default: from ``IRPE_*`` environment variables); ``service``: another
-    Service (a front end of ``--frontends`` over a RemoteHost); default: one over a LocalHost."""
+    """Build the app, with its client shared memory registry (``app.state.shm``).
+
+    Args:
+        settings: the server's settings (default: from ``IRPE_*`` environment variables).
+        service: another Service (a front end of ``--frontends`` over a RemoteHost); default: one over a
+            LocalHost.
+
+    Returns:
+        The app (its service loads in the lifespan unless loaded before).
+    """
     settings = settings or Settings.from_env()
     app = IrpeApp(title="irpe-deploy", version=irpe.__version__, lifespan=_lifespan,
                   description="Image classification with iRPE vision transformers. POST an image to "

@@ -63,8 +63,19 @@ async def client_regions(request: Request, what: str,
 
 
 async def peer_uid(request: Request, what: str) -> int:
-    """The uid of the local user whose socket sent ``request`` (403 when there is none). The lookup reads the
-    kernel's socket tables in a thread (~5 ms), once per connection: a socket's owner never changes."""
+    """The uid of the local user whose socket sent a request. The lookup reads the kernel's socket tables in a
+    thread, once per connection: a socket's owner never changes.
+
+    Args:
+        request: the HTTP request.
+        what: what the request asks, for the error message.
+
+    Returns:
+        The uid.
+
+    Raises:
+        APIError: 403 when the connection is not a loopback TCP connection of one local user.
+    """
     peer = request.scope.get(PEER_KEY) or {"socket": (None, None), "uid": None}
     if "uid" not in peer:
         client, server = peer["socket"]

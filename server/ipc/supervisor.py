@@ -39,7 +39,17 @@ SLOTS = 64  # images a front end can have handed to the engine at once (more: 50
 
 
 def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, index: int) -> None:
-    """Front-end process entry point: uvicorn on the shared socket (and gRPC on the shared --grpc-port)."""
+    """Front-end process entry point: uvicorn on the shared socket (and gRPC on the shared --grpc-port).
+
+    Args:
+        settings: the server's settings.
+        sock: the bound HTTP socket every front end accepts on.
+        engine_path: the engine process's Unix socket.
+        index: this front end's number (its process name).
+
+    Raises:
+        SystemExit: the gRPC server could not start.
+    """
     import uvicorn
 
     from ..frontend import FrontEndServer
@@ -69,7 +79,14 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
 
 
 def default_frontends(settings: Settings) -> int:
-    """Enough front ends to keep the engine busy (:meth:`Settings.resolved_frontends` with ``auto``)."""
+    """Enough front ends to keep the engine busy (:meth:`Settings.resolved_frontends` with ``auto``).
+
+    Args:
+        settings: the server's settings.
+
+    Returns:
+        The count (at least 1).
+    """
     return max(1, replace(settings, frontends=-1).resolved_frontends())
 
 
@@ -221,8 +238,18 @@ class Supervisor:
 
 
 def serve_frontends(settings: Settings, frontends: int) -> int:
-    """Run the supervisor until SIGTERM/SIGINT; returns the exit code (1 when the engine died).
-    ``frontends``: the number of front-end processes, -1 for :func:`default_frontends`."""
+    """Run the supervisor until SIGTERM/SIGINT.
+
+    Args:
+        settings: the server's settings.
+        frontends: the number of front-end processes, -1 for :func:`default_frontends`.
+
+    Returns:
+        The exit code (1 when the engine died).
+
+    Raises:
+        SystemExit: a front-end count that is neither >= 1 nor auto.
+    """
     if frontends < -1 or frontends == 0:
         raise SystemExit(f"irpe serve: error: --frontends {frontends}: give a count >= 1 or 'auto'")
     workdir = Path(tempfile.mkdtemp(prefix="irpe-serve-"))

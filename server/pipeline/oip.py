@@ -49,7 +49,14 @@ def server_metadata() -> dict[str, Any]:
 
 
 def platform(model_version: ModelVersion) -> tuple[str, str]:
-    """Triton's (platform, backend) names for what runs ``model_version``."""
+    """Triton's names for what runs a model version.
+
+    Args:
+        model_version: the version.
+
+    Returns:
+        The (platform, backend) pair.
+    """
     if model_version.info and model_version.info.backend == "tensorrt":
         return "tensorrt_plan", "tensorrt"
     if model_version.info and model_version.info.backend == "openvino":
@@ -97,7 +104,15 @@ def model_config(service: Service, model_version: ModelVersion) -> dict[str, Any
     per-request limit; ``preferred_batch_size`` the engine's batch sizes, the only ones the batcher runs (the
     largest the queue fills); ``max_queue_delay_microseconds`` 0, as a request never waits for a batch while an
     inference thread is idle (with several threads, one that finds a part batch while another batch runs waits up
-    to ``--max-wait-ms``: ``parameters.busy_fill_wait_us``); one ``<model>_0`` group of the inference threads."""
+    to ``--max-wait-ms``: ``parameters.busy_fill_wait_us``); one ``<model>_0`` group of the inference threads.
+
+    Args:
+        service: the process's service (settings, host policies).
+        model_version: the version asked about.
+
+    Returns:
+        The configuration.
+    """
     artifact = model_version.artifact
     assert artifact is not None
     settings = service.settings
@@ -122,7 +137,19 @@ def model_config(service: Service, model_version: ModelVersion) -> dict[str, Any
 
 def statistics(service: Service, name: str | None = None, version: str | None = None) -> dict[str, Any]:
     """Triton's statistics extension: every model's versions, one model's, or one version's (blocking with
-    ``--frontends``, where the engine process counts: call it in a thread)."""
+    ``--frontends``, where the engine process counts: call it in a thread).
+
+    Args:
+        service: the process's service.
+        name: one model (None: every model).
+        version: one version of it (None: every version).
+
+    Returns:
+        ``{"model_stats": [...]}`` as Triton answers it.
+
+    Raises:
+        APIError: 400 for a model or version not served (Triton's answer).
+    """
     if name:
         try:
             mine = [service.model(name, version)] if version else \
@@ -150,7 +177,19 @@ def metric_stats(service: Service) -> list[dict[str, Any]]:
 
 
 def model_ready(service: Service, name: str, version: str | None = None) -> bool:
-    """Whether that model (version) is loaded and warm; 404 for a model the repository does not hold."""
+    """Whether a model (version) is loaded and warm.
+
+    Args:
+        service: the process's service.
+        name: the model.
+        version: the version (None: any).
+
+    Returns:
+        True when it serves now.
+
+    Raises:
+        APIError: 404 for a model the repository does not hold.
+    """
     try:
         return service.model(name, version).ready
     except APIError:
@@ -160,7 +199,15 @@ def model_ready(service: Service, name: str, version: str | None = None) -> bool
 
 
 def repository_index(service: Service, ready_only: bool = False) -> list[dict[str, str]]:
-    """Triton's model repository index: every model and version, its state and the reason."""
+    """Triton's model repository index.
+
+    Args:
+        service: the process's service.
+        ready_only: only the READY versions.
+
+    Returns:
+        Every model and version, its state and the reason.
+    """
     return [row for row in service.host.index() if not ready_only or row.get("state") == VersionState.READY]
 
 
@@ -173,7 +220,14 @@ def random_id(bits: int = 128) -> str:
 
 def max_images(service: Service) -> int:
     """The most images one inference request may carry: the model config's ``max_batch_size``, enforced by
-    :func:`check_images` (``--max-images``, at most ``--max-queue``)."""
+    :func:`check_images` (``--max-images``, at most ``--max-queue``).
+
+    Args:
+        service: the process's service.
+
+    Returns:
+        The limit.
+    """
     settings = service.settings
     return min(settings.max_images, settings.max_queue)
 

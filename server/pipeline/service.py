@@ -5,7 +5,7 @@ the decode pool and pixel budget, the admission count, readiness (:class:`Readin
 :class:`~..hosting.host.ModelHost`: a :class:`~..hosting.local.LocalHost` (engines in this process) or a
 :class:`~..hosting.remote.RemoteHost` (a ``--frontends`` front end: inference in the engine process). No
 protocol is known here: the host allowlist lives in :mod:`..http.middleware`, client shared memory with the
-front ends that register it (:func:`..frontend.client_memory`).
+front ends that register it (the HTTP app's, :func:`..http.shm_access.client_memory`, handed to the gRPC server).
 """
 
 from __future__ import annotations
