@@ -317,7 +317,7 @@ def _prepare_plain(data: bytes, size: tuple[int, int], preprocess: Preprocess, m
 
 
 def _check_resized(w: int, h: int, preprocess: Preprocess, max_pixels: int) -> None:
-    """Resizing the shorter side to pp.resize must not blow up a thin image (1x40M -> 36x1.4G)."""
+    """Resizing the shorter side to preprocess.resize must not blow up a thin image (1x40M -> 36x1.4G)."""
     resized = preprocess.resize * int(preprocess.resize * max(w, h) / min(w, h))
     if resized > max_pixels:
         raise APIError(413, "too_many_pixels", f"image is {w}x{h}; resizing its shorter side to {preprocess.resize} "
