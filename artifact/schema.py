@@ -30,6 +30,7 @@ FitMode = Literal["none", "ink"]
 
 INTERPOLATIONS: tuple[Interpolation, ...] = get_args(Interpolation)
 INVERT: tuple[InvertMode, ...] = get_args(InvertMode)
+FIT_MODES: tuple[FitMode, ...] = get_args(FitMode)
 
 
 class ArtifactError(ValueError):
@@ -232,6 +233,8 @@ def _preprocess_problems(preprocess: Preprocess) -> list[str]:
          "preprocess.mean/std: 1 or 3 finite numbers, std non-zero"),
         (preprocess.invert in INVERT, f"preprocess.invert: one of {', '.join(INVERT)}"),
         (isinstance(preprocess.grayscale, bool), "preprocess.grayscale: true/false"),
+        (preprocess.fit in FIT_MODES, f"preprocess.fit: one of {', '.join(FIT_MODES)}"),
+        (_is_int(preprocess.fit_size, 0, 8192), "preprocess.fit_size: an integer 0..8192"),
     ]
     return [message for ok, message in checks if not ok]
 

@@ -38,6 +38,8 @@ def test_valid_artifact_loads(tmp_path: Path) -> None:
     ({"preprocess.std": [0.2, 0.0, 0.2]}, "std"),
     ({"preprocess.mean": [0.5, float("nan"), 0.5]}, "mean"),
     ({"preprocess.grayscale": "yes"}, "grayscale"),
+    ({"preprocess.fit": "box"}, "fit"),
+    ({"preprocess.fit_size": -1}, "fit_size"),
     ({"img_size": True}, "img_size"),
     ({"num_classes": 2.0}, "num_classes"),
     ({"labels": ["a", "b:c"]}, "':'"),
