@@ -65,7 +65,6 @@ class Settings:
     max_shm_regions: int = 64
     max_shm_region_mb: float = 1024.0
     shm_name_prefix: str = ""  # /dev/shm names any local client may register, whoever owns the file ('': none)
-    shm_name_prefix: str = ""  # /dev/shm names any local client may register, whoever owns the file ('': none)
 
     def startup_models(self) -> list[str] | None:
         """The models ``--load-model`` names for an explicit repository (None: load every model)."""
@@ -116,11 +115,6 @@ class Settings:
         if self.allow_client_shm and (self.workers > 1 or self.frontends > 1):
             raise ValueError("allow_client_shm: client shared-memory regions are registered per process; use it "
                              "with --workers 1 and --frontends 0 or 1")
-        prefix = self.shm_name_prefix
-        if prefix and not (3 <= len(prefix) <= 64 and prefix[0] not in ".-"
-                           and all(c.isascii() and (c.isalnum() or c in "_.-") for c in prefix)):
-            raise ValueError(f"shm_name_prefix {prefix[:80]!r}: give 3-64 letters, digits, '_', '.' or '-' (not "
-                             "starting with '.' or '-'), the start of the /dev/shm names clients may share")
         prefix = self.shm_name_prefix
         if prefix and not (3 <= len(prefix) <= 64 and prefix[0] not in ".-"
                            and all(c.isascii() and (c.isalnum() or c in "_.-") for c in prefix)):

@@ -84,16 +84,17 @@ def int8_options(args: argparse.Namespace) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     """Export, print where the artifact went; library errors become one-line CLI errors (exit 2)."""
-    from irpe.export import export_artifact
+    from irpe.export import ExportOptions, export_artifact
 
     if args.max_batch < 1:
         raise CLIError(f"--max-batch must be >= 1, got {args.max_batch}")
     checkpoint, name = pretrained_checkpoint(args.checkpoint, args.model) if args.pretrained else \
         (args.checkpoint, args.model)
-    out = export_artifact(checkpoint, args.output, name=name, overrides=model_overrides(args),
-                          formats=args.format, rpe_plugin=args.rpe_plugin, opset=args.opset,
-                          max_batch=args.max_batch, fp16=args.fp16, progress=True, int8=args.int8,
-                          calibration=args.calibration, calibration_options=int8_options(args))
+    options = ExportOptions(name=name, overrides=model_overrides(args), formats=args.format,
+                            rpe_plugin=args.rpe_plugin, opset=args.opset, max_batch=args.max_batch, fp16=args.fp16,
+                            progress=True, int8=args.int8, calibration=args.calibration,
+                            calibration_options=int8_options(args))
+    out = export_artifact(checkpoint, args.output, options)
     print(out / "model.json")
     return 0
 

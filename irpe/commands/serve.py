@@ -164,10 +164,10 @@ def run_classify(args: argparse.Namespace) -> int:
         raise CLIError("--top-k must be at least 1")
     if model.is_dir():
         return _classify(args, model)
-    from irpe.export import export_artifact  # checkpoint: export to a temporary artifact first
+    from irpe.export import ExportOptions, export_artifact  # checkpoint: export to a temporary artifact first
 
     with tempfile.TemporaryDirectory(prefix="irpe-classify-") as tmp:
-        return _classify(args, Path(export_artifact(model, tmp)))
+        return _classify(args, Path(export_artifact(model, tmp, ExportOptions())))
 
 
 def _classify(args: argparse.Namespace, artifact_dir: Path) -> int:
