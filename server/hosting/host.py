@@ -266,14 +266,15 @@ class ModelHost(ABC):
         finally:
             with self._table_lock:
                 model_version.users -= 1
-                if not model_version.users:
+                if not model_version.users and not model_version.ready:  # a drop may be waiting for it
                     self._released.notify_all()
 
     def wait_unused(self, model_version: ModelVersion, timeout: float) -> None:
         """Wait until no request holds ``model_version`` (see :meth:`acquire`), or ``timeout`` seconds.
 
         Args:
-            model_version: a version no longer routable, so no new request takes it.
+            model_version: a version no longer READY (so no new request takes it, and its last user's
+                release wakes this wait).
             timeout: the most seconds to wait.
         """
         with self._released:

@@ -55,6 +55,9 @@ class VersionState(str, Enum):
         return self.value
 
 
+_READY = VersionState.READY  # asked several times per request: a module global reads faster than an Enum member
+
+
 @dataclass(eq=False)
 class ModelVersion:
     """One version of one model: loading, READY, or UNAVAILABLE with the reason."""
@@ -77,7 +80,7 @@ class ModelVersion:
     @property
     def ready(self) -> bool:
         """Whether it is warm and routable (state READY)."""
-        return self.state == VersionState.READY
+        return self.state is _READY
 
     @property
     def failure(self) -> str:
