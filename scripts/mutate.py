@@ -31,10 +31,10 @@ TARGETS: dict[str, list[str]] = {
     "models/buckets.py": ["tests/models/test_buckets.py", "tests/models/test_rpe.py"],
     "export/rpe_graph.py": ["tests/export/test_onnx.py", "-k",
                             "rpe_configurations or bias_mode or contextual_graph or distilled or tables_reach"],
-    "server/batching.py": ["tests/server/test_batching.py", "tests/server/test_states.py", "-k",
+    "server/batching.py": ["tests/server/test_batching.py", "tests/server/end_to_end/test_server_states.py", "-k",
                            "not workers and not invalid"],
-    "artifact/preprocess.py": ["tests/server/test_preprocess.py", "tests/artifact/test_resample.py",
-                               "tests/server/test_decode.py"],
+    "artifact/preprocess.py": ["tests/server/pipeline/test_preprocess.py", "tests/artifact/test_resample.py",
+                               "tests/server/pipeline/test_decode.py"],
 }
 SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
         ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.Add: ast.Sub,

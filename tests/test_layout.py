@@ -281,3 +281,35 @@ def test_and_or_never_mix_without_parentheses_in_server():
 
 def test_mixed_bool_op_finder_finds_them():
     assert _mixed_bool_ops("x = a or b and c\ny = a or (b and c)\nz = (a and b) or c\nw = a and b and c\n") == [1]
+
+
+def _untested_server_modules(table: str) -> list[str]:
+    """server/ modules with neither a test file named after them (tests/server/<layer>/test_<name>.py) nor a
+    row `server/...py` in the table of tests/server/README.md."""
+    missing = []
+    for module in sorted((REPO / "server").rglob("*.py")):
+        relative = module.relative_to(REPO / "server")
+        if module.name == "__init__.py":
+            continue
+        test_file = REPO / "tests" / "server" / relative.parent / f"test_{module.stem}.py"
+        if not test_file.is_file() and f"| `server/{relative.as_posix()}` |" not in table:
+            missing.append(f"server/{relative.as_posix()}")
+    return missing
+
+
+def test_every_server_module_has_its_test_file_or_a_row_saying_where_it_is_tested():
+    readme = (REPO / "tests" / "server" / "README.md").read_text()
+    assert _untested_server_modules(readme) == [], (
+        "add tests/server/<layer>/test_<name>.py, or a row in tests/server/README.md's table naming the tests")
+
+
+def test_the_test_file_rule_sees_a_module_without_either():
+    assert "server/hosting/host.py" in _untested_server_modules("")
+
+
+def test_tests_of_server_mirror_its_layers():
+    """No test module lies flat in tests/server/ unless server/ has a top-level module of that name."""
+    top_level = {p.stem for p in (REPO / "server").glob("*.py")}
+    flat = [p.name for p in (REPO / "tests" / "server").glob("test_*.py")
+            if p.stem.removeprefix("test_") not in top_level | {"cli"}]
+    assert flat == [], "move them to the folder of the layer they test (tests/server/README.md)"

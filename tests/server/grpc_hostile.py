@@ -1,5 +1,5 @@
-"""Hostile gRPC clients for tests/server/test_grpc_hostile.py, without tritonclient's messages (the test process
-imports kserve, whose protobuf package clashes with them): protobuf bytes written by hand, raw HTTP/2 frames
+"""Hostile gRPC clients for tests/server/hostile_input/test_grpc_listener.py, without tritonclient's messages (the test
+process imports kserve, whose protobuf package clashes with them): protobuf bytes written by hand, raw HTTP/2 frames
 over a socket, and a probe that times a keyed gRPC call and HTTP /healthz while an attack runs."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The gRPC half of tests/server/test_triton_parity.py, run in a child process (tritonclient.grpc and kserve cannot
-share one process's protobuf pool): ``python -m tests.server.grpc_parity_client HOST:PORT MODEL SHM_KEY`` sends a
-fixed list of RPCs through the raw stub and prints ``{probe: [status code, answer]}`` as JSON (the answer: the
-message as a dict, or the error's text)."""
+"""The gRPC half of tests/server/end_to_end/test_triton_parity.py, run in a child process (tritonclient.grpc and kserve
+cannot share one process's protobuf pool): ``python -m tests.server.grpc_parity_client HOST:PORT MODEL SHM_KEY``
+sends a fixed list of RPCs through the raw stub and prints ``{probe: [status code, answer]}`` as JSON (the answer:
+the message as a dict, or the error's text)."""
 
 from __future__ import annotations
 

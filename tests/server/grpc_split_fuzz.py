@@ -1,8 +1,8 @@
 """Hypothesis fuzz of the gRPC request split (:func:`irpe.server.grpc.handlers.parse_infer`) against protobuf's own
-parse of the same bytes; run in a child process by tests/server/test_grpc_hostile.py (it imports tritonclient's
-messages). Well-formed requests, the same with bytes changed or cut, and messages past the field budget: the
-split fails whenever protobuf fails, refuses a message past its field budget, and otherwise gives protobuf's
-request."""
+parse of the same bytes; run in a child process by tests/server/hostile_input/test_grpc_listener.py (it imports
+tritonclient's messages). Well-formed requests, the same with bytes changed or cut, and messages past the field
+budget: the split fails whenever protobuf fails, refuses a message past its field budget, and otherwise gives
+protobuf's request."""
 
 from __future__ import annotations
 

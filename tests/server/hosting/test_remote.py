@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.reliability.procs import ServerProcess, serving
 from tests.server.helpers import CROP
-from tests.server.test_repository import _classify, _hammer, _top, constant_artifact, pooled_artifact
+from tests.server.hosting.test_local import _classify, _hammer, _top, constant_artifact, pooled_artifact
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from irpe.artifact import file_sha256
 from tests.artifact.hostile_graphs import HOSTILE
 from tests.reliability.procs import serving
 from tests.server.helpers import handmade_artifact
-from tests.server.test_repository import _classify, _top, constant_artifact
+from tests.server.hosting.test_local import _classify, _top, constant_artifact
 
 POLL_S = 0.1
 MODELS = {"bad_one_input_gather": "one_input_gather", "bad_add_chain": "add_chain",

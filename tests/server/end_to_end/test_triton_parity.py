@@ -334,7 +334,7 @@ DELIBERATE_GRPC = {
 def _grpc_answers(address: str) -> dict[str, list[Any]]:
     key = f"/i30p_{uuid.uuid4().hex[:12]}"
     out = subprocess.run([sys.executable, "-m", "tests.server.grpc_parity_client", address, MODEL, key],
-                         cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
+                         cwd=Path(__file__).parents[3], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.server.helpers import announced_url, encode, image, make_slow_artifact, wait_ready
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FORBIDDEN = ("torch", "irpe.models", "irpe.export", "irpe.plugins", "irpe.training")
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from tests.reliability.procs import ServerProcess, serving
 from tests.server.helpers import CROP
-from tests.server.test_repository import constant_artifact
+from tests.server.hosting.test_local import constant_artifact
 
 TRIALS = 6  # races per test, each checked
 MAX_TRIALS = 18  # more, while no racing request was answered 200 or none was refused

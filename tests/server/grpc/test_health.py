@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from tests.reliability.procs import ServerProcess, server_env, start_server
-from tests.server.test_grpc import grpc_address
+from tests.server.grpc.test_servicer import grpc_address
 
 KEY = "health-test-key"
 MODEL = "tiny-mean"

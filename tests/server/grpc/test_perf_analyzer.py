@@ -12,7 +12,7 @@ import pytest
 from irpe.bench.triton import Target, pa_args, perf_analyzer_command, run_pa
 from tests.benchmarks.test_triton_bench import _perf_analyzer_runs
 from tests.reliability.procs import ServerProcess, server_env, start_server
-from tests.server.test_grpc import grpc_address
+from tests.server.grpc.test_servicer import grpc_address
 
 KEY = "pa-key"
 pytestmark = [pytest.mark.perf_analyzer,  # IRPE_TEST_WITHOUT=perf_analyzer opts out (tests/conftest.py)

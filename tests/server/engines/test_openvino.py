@@ -19,7 +19,7 @@ from irpe.server.engines.openvino import cpu_has_bf16, import_openvino
 from tests.export.int8_helpers import digits_arrays, digits_checkpoint, export_int8
 from tests.server.helpers import encode, running_server
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ import pytest
 
 from tests.reliability.procs import REPO, ServerProcess, server_env, start_server
 from tests.server import grpc_hostile as h2
+from tests.server.grpc.test_servicer import grpc_address
 from tests.server.grpc_hostile import SERVICE, Probe, call, h2_connect, read_frames, status_of
-from tests.server.test_grpc import grpc_address
 
 KEY = "hostile-key"
 WORST_MS = 300  # the goal is 100 ms; the margin is for this shared 2-core machine (today's code: seconds)

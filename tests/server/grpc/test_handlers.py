@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHECKS = ("raw_views", "no_raw", "malformed", "mutants", "method_table")
 
 
 @pytest.mark.parametrize("check", CHECKS)
 def test_in_its_own_process(check: str) -> None:
-    code = f"from tests.server.test_grpc_handlers import _check_{check} as c; c(); print('passed')"
+    code = f"from tests.server.grpc.test_handlers import _check_{check} as c; c(); print('passed')"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("passed"), out.stderr[-3000:]
 

@@ -27,7 +27,7 @@ from tests.server.helpers import (
     wait_ready,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _serve(artifact: Path, *extra: str) -> tuple[subprocess.Popen, str]:

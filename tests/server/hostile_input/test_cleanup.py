@@ -13,7 +13,7 @@ import httpx
 from irpe.bench.frontend import tree_pids
 from tests.reliability.procs import serving
 from tests.server.helpers import encode, image
-from tests.server.test_repository import constant_artifact
+from tests.server.hosting.test_local import constant_artifact
 
 
 def _frontend_blocks(pid: int) -> set[str]:

@@ -26,7 +26,7 @@ from tests.server.helpers import (
     wait_ready,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PNG = {"content-type": "image/png"}
 
 
@@ -146,7 +146,7 @@ def _model_holders(pid: int) -> list[int]:
 
 def test_workers_serve_from_separate_processes(tiny_artifact: Path) -> None:
     """``--workers 2``: two uvicorn worker processes, each with its own model, answer correctly."""
-    from tests.server.test_app import _check, _expected
+    from tests.server.http.test_app import _check, _expected
 
     proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(tiny_artifact), "--port", "0",
                              "--workers", "2", "--log-level", "warning"], cwd=REPO, stdout=subprocess.PIPE,

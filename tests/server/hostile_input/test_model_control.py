@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.reliability.procs import ServerProcess, server_env, serving, start_server
 from tests.server.helpers import running_server
-from tests.server.test_repository import constant_artifact
+from tests.server.hosting.test_local import constant_artifact
 
 
 @pytest.fixture(scope="module")
