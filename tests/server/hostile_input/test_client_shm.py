@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import json
 import os
 import pwd
@@ -38,7 +39,8 @@ from tests.server.helpers import expected_logits
 
 triton = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
 shm = pytest.importorskip("tritonclient.utils.shared_memory")
-tgrpc = pytest.importorskip("tritonclient.grpc")  # imported here: the forked child may not read the stdlib
+if importlib.util.find_spec("tritonclient.grpc") is None:  # found, not imported (see as_user)
+    pytest.skip("tritonclient[grpc] is in the dev extra", allow_module_level=True)
 
 MODEL = "tiny-mean"
 INFER = f"/v2/models/{MODEL}/infer"
@@ -56,6 +58,11 @@ def as_user(uid: int | None, fn: Callable[..., Any], *args: Any) -> Any:
     if pid == 0:  # the child: never returns into pytest
         os.close(read_end)
         try:
+            # tritonclient.grpc is imported only here, before the uid changes (the second user cannot read the
+            # interpreter's files), never in the test process: its protobuf messages clash with the kserve
+            # package's, which tests/server/http imports
+            import tritonclient.grpc  # noqa: F401
+
             if uid is not None:
                 os.setgroups([])
                 os.setgid(NOBODY.pw_gid if uid == NOBODY.pw_uid else uid)
@@ -351,6 +358,8 @@ def grpc_address(server: ServerProcess) -> str:
 
 def _grpc_stranger(address: str, roots: str) -> dict[str, Any]:
     """What a second user sees and does over gRPC (tritonclient.grpc): every status code."""
+    import tritonclient.grpc as tgrpc
+
     c = tgrpc.InferenceServerClient(address)
 
     def code(fn: Callable[[], Any]) -> str:
@@ -377,6 +386,8 @@ def _grpc_stream(address: str, region: str, size: int) -> list[str]:
     stream's answers: "ok" or the error message."""
     import queue
 
+    import tritonclient.grpc as tgrpc
+
     c = tgrpc.InferenceServerClient(address)
     answers: queue.Queue[Any] = queue.Queue()
     c.start_stream(callback=lambda result, error: answers.put(error))
@@ -391,6 +402,8 @@ def _grpc_stream(address: str, region: str, size: int) -> list[str]:
 
 def _grpc_huge(address: str) -> str:
     """ModelInfer naming the 43,690 images of region "huge": its status and message."""
+    import tritonclient.grpc as tgrpc
+
     c = tgrpc.InferenceServerClient(address)
     inp = tgrpc.InferInput("images", [43690, 3, 32, 32], "FP32")
     inp.set_shared_memory("huge", 43690 * 12288)
