@@ -51,7 +51,7 @@ def inline(raw: Sequence[bytes | memoryview]) -> bool:
     return len(raw) == 1 and len(raw[0]) <= oip.INLINE_BYTES
 
 
-def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
+def decode_infer(req: pb.ModelInferRequest, artifact: ModelArtifact, max_images: int,
                  shm: OwnedRegions | None, raw: Sequence[bytes | memoryview] | None = None) -> np.ndarray:
     """The checked ``images`` array of an inference request (every check before any inference; an input in
     shared memory is read after them, so call this in a thread then); ``shm``: the caller's regions (None when
@@ -59,9 +59,9 @@ def decode_infer(req: pb.ModelInferRequest, art: ModelArtifact, max_images: int,
     split off)."""
     raw = raw_inputs(req) if raw is None else raw
     if len(req.inputs) != 1:
-        raise ProtocolError(f"expected exactly one input {art.input_name!r}, got {len(req.inputs)}")
+        raise ProtocolError(f"expected exactly one input {artifact.input_name!r}, got {len(req.inputs)}")
     spec = req.inputs[0]
-    shape = oip.check_input(spec.name, spec.datatype, list(spec.shape), art)
+    shape = oip.check_input(spec.name, spec.datatype, list(spec.shape), artifact)
     others = [f.name for f, _ in spec.contents.ListFields() if f.name != "fp32_contents"]
     if others:
         raise ProtocolError(f"input {spec.name!r} is FP32: send fp32_contents or raw_input_contents, not "
@@ -97,7 +97,7 @@ def _tensor(raws: Sequence[bytes | memoryview], spec: Any, shape: list[int]) -> 
     return np.asarray(typed, dtype=np.float32).reshape(shape)
 
 
-def requested(req: pb.ModelInferRequest, art: ModelArtifact, images: int,
+def requested(req: pb.ModelInferRequest, artifact: ModelArtifact, images: int,
               shm: OwnedRegions | None) -> tuple[int, oip.ShmRef | None]:
     """The classification k the request asks for (0: the logits; no outputs listed: the logits), and the
     shared-memory region the logits go to (checked before inference: it exists and holds them)."""
@@ -105,7 +105,7 @@ def requested(req: pb.ModelInferRequest, art: ModelArtifact, images: int,
     if not outs:
         return 0, None
     given = params(outs[0].parameters)
-    k = oip.classification(outs[0].name, given, art, len(outs))
+    k = oip.classification(outs[0].name, given, artifact, len(outs))
     ref = oip.shm_ref(given, "output")
     if ref is not None:
         if k:
@@ -113,20 +113,20 @@ def requested(req: pb.ModelInferRequest, art: ModelArtifact, images: int,
         if shm is None:
             raise ProtocolError("the output names a shared memory region this call may not use")
         shm.check(*ref)  # 404 when the caller has not registered it, 400 outside it
-        oip.shm_fits(ref, art.output_name, images * art.num_classes * _ITEM)
+        oip.shm_fits(ref, artifact.output_name, images * artifact.num_classes * _ITEM)
     return k, ref
 
 
-def encode_infer(req: pb.ModelInferRequest, logits: np.ndarray, k: int, art: ModelArtifact, name: str,
+def encode_infer(req: pb.ModelInferRequest, logits: np.ndarray, k: int, artifact: ModelArtifact, name: str,
                  version: str, request_id: str) -> pb.ModelInferResponse:
     """The answer: the logits as FP32, or k classification strings per image as BYTES (``raw_output_contents``
     empty when the logits went to shared memory: pass ``k`` -1)."""
     out = pb.ModelInferResponse(model_name=name, model_version=version, id=req.id or request_id)
-    tensor = out.outputs.add(name=art.output_name)
+    tensor = out.outputs.add(name=artifact.output_name)
     if k > 0:
         tensor.datatype = "BYTES"
         tensor.shape.extend([len(logits), k])
-        out.raw_output_contents.append(oip.bytes_tensor(oip.classes(logits, k, art.labels)))
+        out.raw_output_contents.append(oip.bytes_tensor(oip.classes(logits, k, artifact.labels)))
     else:
         tensor.datatype = oip.DATATYPE
         tensor.shape.extend(logits.shape)

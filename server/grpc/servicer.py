@@ -192,19 +192,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if not service.host.knows(name):
             service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
         with service.use(name, version) as model_version:
-            art = model_version.artifact
-            assert art is not None
+            artifact = model_version.artifact
+            assert artifact is not None
             loop = asyncio.get_running_loop()
             raw = codec.raw_inputs(req) if raw is None else raw
             regions = await client_shm.request_regions(self.shm, req)  # None unless it names a region
-            args = (req, art, oip.max_images(service), regions, raw)
+            args = (req, artifact, oip.max_images(service), regions, raw)
             images = codec.decode_infer(*args) if codec.inline(raw) and regions is None else \
                 await loop.run_in_executor(service.pool, codec.decode_infer, *args)  # a region: read in the pool
-            k, ref = codec.requested(req, art, len(images), regions)
+            k, ref = codec.requested(req, artifact, len(images), regions)
             logits = await oip.infer(service, model_version, images, started)
             if ref is not None and regions is not None:
-                oip.shm_output(regions, ref, art.output_name, logits)
-            return codec.encode_infer(req, logits, -1 if ref else k, art, model_version.name,
+                oip.shm_output(regions, ref, artifact.output_name, logits)
+            return codec.encode_infer(req, logits, -1 if ref else k, artifact, model_version.name,
                                       str(model_version.version), req.id or oip.random_id())
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[InferCall],

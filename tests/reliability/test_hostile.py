@@ -1,4 +1,4 @@
-"""Issue 22: hostile requests against a real ``irpe serve`` get a 4xx (or a bounded answer) in bounded
+"""Hostile requests against a real ``irpe serve`` get a 4xx (or a bounded answer) in bounded
 time and bounded server RSS, and the server keeps answering. Limits are set small so each case is quick;
 tests/reliability/measure.py reports the same requests at the default limits."""
 

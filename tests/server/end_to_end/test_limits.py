@@ -1,4 +1,4 @@
-"""Issue 22 limits, in-process: CPU quota, exposure check, Host allowlist, JPEG scan counting, integer
+"""The request limits, in-process: CPU quota, exposure check, Host allowlist, JPEG scan counting, integer
 16-bit conversion, pixel budget, admission, dead inference workers, the HTTP protocol's picklability."""
 
 from __future__ import annotations

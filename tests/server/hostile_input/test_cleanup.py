@@ -1,4 +1,4 @@
-"""Issue 29's observations, against a real ``irpe serve``: a SIGKILLed front end's shared-memory slot blocks
+"""What a server leaves behind, against a real ``irpe serve``: a SIGKILLed front end's shared-memory slot blocks
 go with it (not when the whole server exits); repository index reasons carry no absolute paths."""
 
 from __future__ import annotations

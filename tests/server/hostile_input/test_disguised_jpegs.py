@@ -1,4 +1,4 @@
-"""Issue 29, F1 and F1b, against a real ``irpe serve``: JPEGs built to look small and baseline to a lax
+"""Disguised JPEGs against a real ``irpe serve``: JPEGs built to look small and baseline to a lax
 header reader must not be decoded on the event loop; /healthz stays quick while they are decoded.
 
 Margin: /healthz answers in ~1-3 ms on an idle loop. The machine has 2 cores shared with other sessions,
@@ -7,7 +7,7 @@ probe may wait a few scheduler slices (load averages of 10+ were seen, and a lon
 in place; in one full-suite run a lone 722 ms probe among 35, the others median 4 ms, which did
 not recur in 3 other full runs nor in 11 runs alone, 4 of them beside two busy loops: worst 8-19 ms). The
 bounds: the median probe under 100 ms, the worst under ``STALL_S`` = 1 s, while before the fix the attacks
-below held the loop 1.4 s (F1b) and 2.6 s (F1) here."""
+below hold the loop for seconds when decoded on it."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _report(name: str, probe: Prober, rss: tuple[float, float], answer: httpx.Re
 
 
 def test_disguised_huge_progressive_jpeg_is_not_decoded_inline(server: ServerProcess) -> None:
-    """F1: RST0 after SOI and a fake 8x8 SOF0 inside a COM segment, over a real 6300x6300 progressive frame."""
+    """RST0 after SOI and a fake 8x8 SOF0 inside a COM segment, over a real 6300x6300 progressive frame."""
     blob = disguised_jpeg(big_progressive_jpeg())
     rss = server.rss_mb()
     with Prober(server.url) as probe:
@@ -55,7 +55,7 @@ def test_disguised_huge_progressive_jpeg_is_not_decoded_inline(server: ServerPro
 
 
 def test_disguised_jpeg_with_front_ends(tiny_artifact: Path) -> None:
-    """F1 with ``--frontends 1``: the front end decodes like the one-process server."""
+    """The disguised JPEG with ``--frontends 1``: the front end decodes like the one-process server."""
     blob = disguised_jpeg(big_progressive_jpeg())
     with serving(tiny_artifact, "--max-wait-ms", "2", "--frontends", "1") as server, Prober(server.url) as probe:
         answer = _attack(server.url, [blob] * 2)
@@ -83,7 +83,7 @@ def test_lax_reading_is_gone() -> None:
 
 
 def test_many_scan_baseline_jpegs_are_not_decoded_inline(server: ServerProcess) -> None:
-    """F1b: a genuine 1000x1000 baseline JPEG with 100 scans (each a full pass over a component)."""
+    """A genuine 1000x1000 baseline JPEG with 100 scans (each a full pass over a component)."""
     blob = many_scan_jpeg(1000, 100)
     rss = server.rss_mb()
     with Prober(server.url) as probe:

@@ -1,6 +1,6 @@
-"""Issue 29, F3, against a real ``irpe serve``: model control refuses what a web page can make a browser
-send (F3a), load parameters it does not support (F3b), and the inference key where an admin key is set
-(F3c); off loopback it needs the admin key. tritonclient's own load/unload keep working."""
+"""Model control against a real ``irpe serve``: it refuses what a web page can make a browser send, load parameters it
+does not support, and the inference key where an admin key is set; off loopback it needs the admin key.
+tritonclient's own load/unload keep working."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ CROSS_SITE = [
 
 @pytest.mark.parametrize("headers", CROSS_SITE)
 def test_a_cross_site_unload_is_refused(server: ServerProcess, headers: dict[str, str]) -> None:
-    """F3a: before, 200 and beta (or, for the default model, /readyz) gone."""
+    """A cross-site unload is refused, and the model (beta, or the default model behind /readyz) stays."""
     for model in ("beta", "alpha"):
         r = httpx.post(f"{server.url}/v2/repository/models/{model}/unload", content=b"{}", headers=headers,
                        timeout=30)
@@ -72,7 +72,7 @@ def test_a_non_json_body_is_refused_and_same_origin_json_works(server: ServerPro
 @pytest.mark.parametrize("parameters", [{"config": '{"backend": "python"}'}, {"file:1/model.onnx": "AAAA"},
                                         {"unknown": 1}])
 def test_unsupported_load_parameters_are_a_400(server: ServerProcess, parameters: dict) -> None:
-    """F3b: before, 200 with the parameters ignored."""
+    """Load parameters the server does not support are a 400, not ignored."""
     r = httpx.post(f"{server.url}/v2/repository/models/beta/load", json={"parameters": parameters}, timeout=30)
     assert r.status_code == 400 and "not supported" in r.json()["error"], r.text
     for bad in (b"[]", b'{"parameters": 3}', b'{"other": {}}', b"{"):
@@ -99,7 +99,7 @@ def test_tritonclient_still_loads_and_unloads(server: ServerProcess) -> None:
 
 
 def test_the_admin_key_and_not_the_inference_key_controls_models(repo: Path) -> None:
-    """F3c: with IRPE_ADMIN_KEY set, the inference key no longer loads or unloads (before: it did)."""
+    """With IRPE_ADMIN_KEY set, the inference key neither loads nor unloads."""
     env = server_env(IRPE_API_KEY="inference-key", IRPE_ADMIN_KEY="admin-key")
     s = start_server(repo, "--model-control", "explicit", "--default-model", "alpha", env=env)
     try:

@@ -1,6 +1,6 @@
-"""Issue 29, F4 and F5, against a real ``irpe serve``: odd version numbers are a 404, never a 500 with a
-traceback (F4); a path cannot forge a log line before the key check (F5a); ``tracestate`` is passed on only
-when W3C's grammar and limits allow it (F5b)."""
+"""Odd input against a real ``irpe serve``: odd version numbers are a 404, never a 500 with a traceback; a
+path cannot forge a log line before the key check; ``tracestate`` is passed on only when W3C's grammar and
+limits allow it."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def server(tiny_artifact: Path) -> Iterator[ServerProcess]:
 
 @pytest.mark.parametrize("version", [SUPERSCRIPT_TWO, HUGE, "%D9%A1", "-1", "1.0", " 1"])
 def test_odd_versions_are_a_404_not_a_500(server: ServerProcess, version: str) -> None:
-    """F4: before, 500 and a 40-line traceback for '²' and the 5,000-digit version."""
+    """'²' and a 5,000-digit version are no version: a 404, never a 500 with a traceback."""
     base = f"{server.url}/v2/models/{MODEL}/versions/{version}"
     answers = [httpx.get(base + tail, timeout=30) for tail in ("", "/config", "/ready", "/stats")]
     answers.append(httpx.post(base + "/infer", json={"inputs": []}, timeout=30))
@@ -53,8 +53,8 @@ def _raw(url: str, request: bytes) -> bytes:
 
 
 def test_a_path_cannot_forge_a_log_line(tiny_artifact: Path) -> None:
-    """F5a: a percent-encoded newline in the path of a request without the key (401): before, the access
-    line broke in two and the second one read as a genuine access line."""
+    """A percent-encoded newline in the path of a request without the key (401) stays inside one escaped
+    access line: it never starts a second line that reads as a genuine one."""
     forged = "2026-01-01 00:00:00,000 INFO irpe.access: 10.0.0.1 \"GET /admin\" 200 1.0ms"
     s = start_server(tiny_artifact, "--log-level", "info", env=server_env(IRPE_API_KEY="k"))
     try:
@@ -79,7 +79,7 @@ PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 @pytest.mark.parametrize(("state", "echoed"), [
     ("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7", "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"),
-    ("a" * 59_990 + "=b", None),  # F5b: before, echoed verbatim
+    ("a" * 59_990 + "=b", None),  # over the limits: dropped, not echoed
     (",".join(f"k{i}=v" for i in range(33)), None),  # over 32 members
     ("Upper=1", None), ("k=a=b", None), ("k=", None),
 ])
