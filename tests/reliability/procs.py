@@ -92,9 +92,10 @@ def server_env(**extra: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serving(artifact: Path, *flags: str, timeout: float = 90.0) -> Iterator[ServerProcess]:
+def serving(artifact: Path, *flags: str, timeout: float = 90.0,
+            env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     """``start_server`` as a context manager that always stops the process."""
-    server = start_server(artifact, *flags, timeout=timeout)
+    server = start_server(artifact, *flags, timeout=timeout, env=env)
     try:
         yield server
     finally:

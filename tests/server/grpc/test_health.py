@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from tests.reliability.procs import ServerProcess, server_env, start_server
+from tests.reliability.procs import ServerProcess, server_env, serving, start_server
 from tests.server.grpc.test_servicer import grpc_address
 
 KEY = "health-test-key"
@@ -34,14 +34,9 @@ MAX_CONNECTIONS = 4  # --max-connections: at most 2 open Watch streams
 
 @pytest.fixture(scope="module")
 def server(tiny_artifact: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tiny_artifact, "--grpc-port", "0", "--model-control", "explicit",
-                        "--timeout-s", str(GRACE_S), "--max-connections", str(MAX_CONNECTIONS),
-                        env=server_env(IRPE_API_KEY=KEY))
-    try:
+    with serving(tiny_artifact, "--grpc-port", "0", "--model-control", "explicit", "--timeout-s", str(GRACE_S),
+                 "--max-connections", str(MAX_CONNECTIONS), env=server_env(IRPE_API_KEY=KEY)) as proc:
         yield proc
-    finally:
-        proc.stop()
-        proc.log.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import grpc
 import httpx
 import pytest
 
-from tests.reliability.procs import REPO, ServerProcess, server_env, start_server
+from tests.reliability.procs import REPO, ServerProcess, server_env, serving, start_server
 from tests.server import grpc_hostile as h2
 from tests.server.grpc.test_servicer import grpc_address
 from tests.server.grpc_hostile import SERVICE, Probe, call, h2_connect, read_frames, status_of
@@ -35,12 +35,8 @@ GRPC_LIMITS = ("--grpc-max-streams", "8", "--grpc-idle-timeout-s", "1")
 
 
 def _serve(artifact: Path, key: str) -> Iterator[ServerProcess]:
-    proc = start_server(artifact, *LIMITS, *GRPC_LIMITS, env=server_env(IRPE_API_KEY=key) if key else None)
-    try:
+    with serving(artifact, *LIMITS, *GRPC_LIMITS, env=server_env(IRPE_API_KEY=key) if key else None) as proc:
         yield proc
-    finally:
-        proc.stop()
-        proc.log.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
