@@ -40,7 +40,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
-COPY irpe ./irpe
+COPY cli ./cli
 COPY artifact ./artifact
 COPY server ./server
 COPY models ./models

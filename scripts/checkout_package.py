@@ -29,7 +29,7 @@ def package_dirs(pyproject: Path) -> dict[str, str]:
         pyproject: the checkout's pyproject.toml.
 
     Returns:
-        The mapping, e.g. ``{"irpe": "irpe", "irpe.plugins": "plugins", ...}``.
+        The mapping, e.g. ``{"irpe": "cli", "irpe.plugins": "plugins", ...}``.
 
     Raises:
         ValueError: the file has no ``package-dir`` table.

@@ -15,5 +15,5 @@ else PY="$(command -v python3)"; fi
 PACKAGE_DIR="$(mktemp -d "${TMPDIR:-/tmp}/irpe-checkout.XXXXXX")"
 trap 'rm -rf "$PACKAGE_DIR"' EXIT
 "$PY" "$ROOT/scripts/checkout_package.py" "$PACKAGE_DIR" >/dev/null
-# PYTHONSAFEPATH: the working directory is not searched first, so a checkout root's irpe/ cannot shadow the links
+# PYTHONSAFEPATH: the working directory is not searched first, so nothing in the checkout root can shadow the links
 PYTHONPATH="$PACKAGE_DIR${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1 "$PY" -m irpe.plugins.gpu_check "$@"

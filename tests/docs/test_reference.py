@@ -65,7 +65,7 @@ def test_every_irpe_variable_the_package_mentions_is_documented():
     undocumented = {name: [str(p.relative_to(ROOT)) for p in files] for name, files in mentioned.items()
                     if name not in documented_variables()}
     assert not undocumented, (f"IRPE_* variables read or named in the package but not documented: {undocumented}; "
-                              f"add a row to VARIABLES in irpe/environment.py (or a Settings field), then {FIX}")
+                              f"add a row to VARIABLES in cli/environment.py (or a Settings field), then {FIX}")
     page = (DOCS / "configuration.md").read_text(encoding="utf-8")
     assert [name for name in mentioned if f"`{name}`" not in page] == [], FIX
 
