@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import importlib.util
 import json
 import re
 import shutil
@@ -25,94 +24,16 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.deploy.images import MODEL
+from tests.deploy.images import build as _build
+from tests.deploy.images import record as _record
+from tests.deploy.images import run as _run
 from tests.server.helpers import encode, free_port, image, make_slow_artifact, running_server
 
 REPO = Path(__file__).resolve().parents[2]
-TAG = "localhost/irpe-serve:cpu-test"
 KEY = "container-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-MODEL = "deit_micro_patch4_32_ctx_product_shared_k"
-FIGURES = REPO / "test-artifacts" / "container.json"
 pytestmark = [pytest.mark.container, pytest.mark.timeout(1800)]
-
-
-def _engine() -> list[str] | None:
-    """The first container engine that runs here: docker (with a daemon), else podman with runc."""
-    for cmd in (["docker"], ["podman", "--runtime", "runc"]):
-        if shutil.which(cmd[0]):
-            with contextlib.suppress(subprocess.SubprocessError, OSError):
-                if subprocess.run([*cmd, "info"], capture_output=True, timeout=60).returncode == 0:
-                    return cmd
-    return None
-
-
-def _run(cmd: list[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and out.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} -> {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out
-
-
-def _record(**figures: object) -> None:
-    FIGURES.parent.mkdir(exist_ok=True)
-    old = json.loads(FIGURES.read_text()) if FIGURES.is_file() else {}
-    FIGURES.write_text(json.dumps({**old, **figures}, indent=1))
-
-
-@pytest.fixture(scope="module")
-def engine() -> list[str]:
-    cmd = _engine()
-    if cmd is None:
-        pytest.skip("no container engine: neither `docker info` nor `podman --runtime runc info` succeeds "
-                    "(scripts/container-setup.sh installs podman on Debian as root)")
-    return cmd
-
-
-def _build(engine: list[str], variant: str, tag: str, *build_args: str) -> int:
-    """Build a variant on the pinned python:3.11-slim, or the local stand-in when no registry answers;
-    record the build time and image size (layers are cached by the engine, so rebuilds are quick)."""
-    start = time.monotonic()
-    base = _run(["bash", str(REPO / "scripts" / "container-base.sh"), engine[0]], timeout=900).stdout.strip()
-    base_s = time.monotonic() - start
-    build = [*engine, "build", "--build-arg", f"VARIANT={variant}", "--build-arg", f"PYTHON_IMAGE={base}", "-t", tag]
-    for arg in build_args:
-        build += ["--build-arg", arg]
-    if engine[0] == "podman":  # HEALTHCHECK is a Docker-format field; the host's CA bundle for pip
-        build += ["--format", "docker", "--network", "host", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro"]
-    start = time.monotonic()
-    _run([*build, str(REPO)], timeout=1500)
-    size = int(_run([*engine, "image", "inspect", "--format", "{{.Size}}", tag]).stdout.strip())
-    _record(**{"engine": engine[0], "base_image": base, "base_s": round(base_s, 1),
-               f"{variant}_build_s": round(time.monotonic() - start, 1), f"{variant}_image_mb": round(size / 1e6, 1)})
-    return size
-
-
-@pytest.fixture(scope="module")
-def cpu_image(engine: list[str]) -> str:
-    size = _build(engine, "cpu", TAG)
-    # 372 MB with ONNX Runtime alone; the OpenVINO runtime (CPU plugin + ONNX reader, stripped) adds ~110 MB.
-    assert size < 500e6, f"CPU image is {size / 1e6:.0f} MB; the target is < 500 MB (< 400 MB without OpenVINO)"
-    return TAG
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real `irpe export` of a small random iRPE model, readable by the image's user (uid 10001)."""
-    if importlib.util.find_spec("torch") is None:
-        pytest.fail("torch is not installed: scripts/test.sh installs the export extra")
-    import torch
-
-    from irpe.export import ExportOptions, export_artifact
-    from irpe.models import create_model
-
-    tmp = tmp_path_factory.mktemp("container")
-    torch.manual_seed(0)
-    ckpt = tmp / "model.pth"
-    torch.save(create_model(MODEL).eval().state_dict(), ckpt)
-    out = Path(export_artifact(ckpt, tmp / "artifact", ExportOptions(name=MODEL, progress=False)))
-    for p in [out, *out.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return out
 
 
 class Container:
