@@ -2,7 +2,10 @@
 
 httptools accumulates a header value across reads with no size limit (a 128 MB header costs ~20 s of the
 event loop and +200 MB before any route or key check). This subclass counts the bytes of the request head
-as they arrive and answers 431 past ``max_header_bytes``; a head not complete within ``header_timeout_s``
+as they arrive and answers 431 past ``max_header_bytes``: the raw bytes of a head still incomplete after a
+read, and, for a head that completes within a read (however large that read), its request line and headers
+as parsed (``method SP url SP HTTP/x.y CRLF``, ``name: value CRLF`` each, the blank line), checked before
+the application sees the request. A head not complete within ``header_timeout_s``
 (slowloris, or a connection that never speaks) gets 408, a body not complete within ``body_timeout_s``
 gets 408 (if no answer started) and the connection is closed either way; connections over
 ``max_connections`` get 503 and are closed at once. Each check is a counter or a timer per request.
@@ -63,8 +66,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, limits: Limits | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.limits = limits or Limits()
-        self._head_bytes = 0
+        self._head_bytes = 0  # raw bytes of the head so far (reads while it is incomplete)
+        self._head_parsed = 0  # the head's bytes as parsed (request line and headers), whatever the read size
         self._in_head = True
+        self._refused = False  # answered 431 and closing: the parser's remaining callbacks are ignored
         self._timer: asyncio.TimerHandle | None = None
         self._chunks: list[bytes] | None = None  # the body being collected whole, or None: uvicorn's path
         self._peer: dict[str, Any] | None = None  # this connection's addresses (and its client's uid, once known)
@@ -79,6 +84,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._timer = None
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
+        self._refused = True
         if not self.transport.is_closing():
             self.transport.write(_raw_response(status, reason, message))
             self.transport.close()
@@ -111,18 +117,39 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
         if self._in_head and self._head_bytes > self.limits.max_header_bytes:
-            log.info("refusing a request head over %d bytes from %s", self.limits.max_header_bytes, self.client)
-            self._refuse(431, "Request Header Fields Too Large", f"request line and headers exceed "
-                         f"{self.limits.max_header_bytes} bytes (--max-header-kb)")
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """431 and close: the request head is over ``max_header_bytes``."""
+        if self._refused:
+            return
+        log.info("refusing a request head over %d bytes from %s", self.limits.max_header_bytes, self.client)
+        self._refuse(431, "Request Header Fields Too Large", f"request line and headers exceed "
+                     f"{self.limits.max_header_bytes} bytes (--max-header-kb)")
+
+    def on_url(self, url: bytes) -> None:
+        self._head_parsed += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
+        if self._head_parsed > self.limits.max_header_bytes:
+            self._refuse_head()
+        elif not self._refused:
+            super().on_header(name, value)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         # the connection's own addresses, for client shared memory (http/shm_access.py, which keeps the peer's uid
         # here for the connection's life): uvicorn's proxy-headers middleware may rewrite "client" from a header
+        if self._refused:
+            return
         if self._peer is None:
             self._peer = {"socket": (self.client, self.server)}
         self.scope["irpe.peer"] = self._peer  # type: ignore[typeddict-unknown-key]
@@ -130,8 +157,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout_s, "head")
 
     def on_headers_complete(self) -> None:
+        # the request line's method, two spaces, "HTTP/x.y" and CRLF, and the blank line that ends the head
+        self._head_parsed += len(self.parser.get_method()) + 14
+        if self._head_parsed > self.limits.max_header_bytes:
+            self._refuse_head()
+        if self._refused:
+            return
         self._in_head = False
-        self._head_bytes = 0
+        self._head_bytes = self._head_parsed = 0
         self._arm(self.limits.body_timeout_s, "body")
         super().on_headers_complete()
         self._chunks = [] if self._collect_whole() else None
@@ -145,12 +178,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         return len(declared) == 1 and declared[0].isdigit() and 0 < int(declared[0]) <= self.limits.whole_body_bytes
 
     def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
         if self._chunks is None or self.cycle is None or self.cycle.response_complete:
             super().on_body(body)
         else:
             self._chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         self._disarm()
         self._in_head = True
         chunks, self._chunks = self._chunks, None

@@ -73,6 +73,15 @@ def test_huge_header_is_431_at_once(srv: ServerProcess) -> None:
     _healthy(srv)
 
 
+def test_a_head_over_the_limit_in_one_write_is_431(srv: ServerProcess) -> None:
+    """The whole head in one write (one read on the server, as a loopback socket delivers 40 KB): counted too."""
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nx-big: %s\r\n\r\n" % (b"a" * 40_000)
+    answer = _raw(srv, head)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert b'"code": "request_header_fields_too_large"' in answer, answer[:400]
+    _healthy(srv)
+
+
 def test_slow_header_and_idle_connection_get_408(srv: ServerProcess) -> None:
     start = time.perf_counter()
     assert _raw(srv, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n").startswith(b"HTTP/1.1 408")

@@ -5,7 +5,10 @@ are the ones sent."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
+
+import pytest
 
 from irpe.server.config import Settings
 from irpe.server.http.protocol import Limits
@@ -14,9 +17,11 @@ from tests.server.helpers import protocol_over_socketpair
 BODY = bytes(range(256)) * 2352  # 602,112 bytes: one 224 px FP32 image
 
 
-async def _serve_one(request: bytes, pieces: int, settings: Settings) -> tuple[list[dict[str, Any]], bytes]:
+async def _serve_one(request: bytes, pieces: int, settings: Settings,
+                     reads: list[int] | None = None) -> tuple[list[dict[str, Any]], bytes]:
     """Send ``request`` in ``pieces`` writes (each its own read on the server side) to irpe's HTTP protocol,
-    and return the ASGI ``http.request`` messages the application received and the answer."""
+    and return the ASGI ``http.request`` messages the application received and the answer; ``reads`` collects
+    the size of each read the protocol got."""
     messages: list[dict[str, Any]] = []
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -31,15 +36,23 @@ async def _serve_one(request: bytes, pieces: int, settings: Settings) -> tuple[l
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(size))]})
         await send({"type": "http.response.body", "body": size})
 
-    _, transport, theirs = await protocol_over_socketpair(app, settings)
+    proto, transport, theirs = await protocol_over_socketpair(app, settings)
+    if reads is not None:
+        received = proto.data_received  # type: ignore[attr-defined]
+        proto.data_received = lambda data: (reads.append(len(data)), received(data))  # type: ignore[attr-defined]
     loop = asyncio.get_running_loop()
     step = -(-len(request) // pieces)
     for start in range(0, len(request), step):
-        await loop.sock_sendall(theirs, request[start:start + step])
+        try:
+            await loop.sock_sendall(theirs, request[start:start + step])
+        except (BrokenPipeError, ConnectionResetError):
+            break  # the server answered and closed (431) before the rest was sent
         await asyncio.sleep(0.005)  # the server reads each piece before the next one is sent
     got = b""
     while b"\r\n\r\n" not in got or not got.split(b"\r\n\r\n", 1)[1]:
-        got += await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
+        piece = await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
+        assert piece, f"closed after {got!r}"
+        got += piece
     transport.close()
     theirs.close()
     return messages, got
@@ -93,3 +106,41 @@ def test_a_chunked_body_keeps_uvicorns_path() -> None:
     messages, answer = asyncio.run(_serve_one(request, 12, Settings()))
     assert answer.endswith(b"\r\n\r\n602112")
     assert len(messages) > 1 and b"".join(m["body"] for m in messages) == BODY
+
+
+def _head_of(size: int, body: bytes = b"") -> bytes:
+    """A request whose head (request line through the blank line) is ``size`` bytes, padded by one header."""
+    start = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\nx-pad: " % len(body)
+    pad = size - len(start) - 4
+    return start + b"a" * pad + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize(("settings", "header"), [(Settings(max_header_kb=2), 5000), (Settings(), 70000)],
+                         ids=["5000-bytes-over-2kb", "70000-bytes-over-the-default-64kb"])
+@pytest.mark.parametrize("piece", [None, 1000], ids=["one-write", "1000-byte-writes"])
+def test_a_head_over_the_limit_is_431_whatever_the_read_size(settings: Settings, header: int,
+                                                            piece: int | None) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nx-big: %s\r\n\r\n" % (b"a" * header)
+    reads: list[int] = []
+    messages, answer = asyncio.run(_serve_one(request, -(-len(request) // piece) if piece else 1, settings, reads))
+    if piece is None:
+        assert reads == [len(request)], f"the head was not read in one piece: {reads}"
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_header_fields_too_large"
+    assert messages == []  # the application never saw the request
+
+
+@pytest.mark.parametrize("pieces", [1, 5])
+def test_a_head_of_exactly_the_limit_passes_and_one_byte_more_is_431(pieces: int) -> None:
+    settings = Settings(max_header_kb=2)
+    messages, answer = asyncio.run(_serve_one(_head_of(2048, b"xyz"), pieces, settings))
+    assert answer.startswith(b"HTTP/1.1 200") and [m["body"] for m in messages] == [b"xyz"], answer[:200]
+    messages, answer = asyncio.run(_serve_one(_head_of(2049, b"xyz"), pieces, settings))
+    assert answer.startswith(b"HTTP/1.1 431") and messages == [], answer[:200]
+
+
+def test_the_body_in_the_heads_read_does_not_count_towards_the_head() -> None:
+    reads: list[int] = []
+    messages, answer = asyncio.run(_serve_one(_head_of(2000, BODY), 1, Settings(max_header_kb=2), reads))
+    assert answer.endswith(b"\r\n\r\n602112") and reads[0] > 2048
+    assert b"".join(m["body"] for m in messages) == BODY
