@@ -158,6 +158,22 @@ def test_inference_service_is_hardened_and_bounded() -> None:
     assert r["requests"] == r["limits"] and {"cpu", "memory", "nvidia.com/gpu"} <= set(r["limits"])  # Guaranteed
 
 
+def _shm(spec: dict, container: dict) -> dict:
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    return volume["emptyDir"]
+
+
+def test_runtime_mounts_the_deployments_dev_shm() -> None:
+    """--frontends hands images to the engine in /dev/shm (3 front ends at 224 px need about 115 MB, a container
+    has 64 MB): the pod KServe builds gets the Deployment's memory-backed volume there."""
+    pod = _merged_pod(_runtime(), _isvc())["spec"]
+    deployment = _k8s_deployment()["spec"]["template"]["spec"]
+    shm = _shm(pod, pod["containers"][0])
+    assert shm == _shm(deployment, deployment["containers"][0]) and shm["medium"] == "Memory", shm
+    assert int(shm["sizeLimit"].removesuffix("Mi")) >= 3 * 64 * 602 * 1024 / 2**20
+
+
 @pytest.mark.parametrize("name", ["inferenceservice.yaml", "inferenceservice-triton.yaml"])
 def test_inference_services_use_the_models_volume_in_raw_mode(name: str) -> None:
     isvc = _isvc(name)
