@@ -2,8 +2,9 @@
 
 The quickstart's blocks are marked in README.md with HTML comments: ``<!-- test:quickstart -->`` before the bash
 block (``irpe serve ...``, a ``# wait for:`` line, ``curl ...``) and ``<!-- test:quickstart-output -->`` before
-the JSON it shows. The server binds a free port on 127.0.0.1; the curl runs with that port substituted, from
-the repository root (where the sample image's path is relative to).
+the JSON it shows. The server (the ``irpe`` command of the non-editable install in ``tests/docs/conftest.py``)
+binds a free port on 127.0.0.1; it and the curl run from the repository root (where the sample image's path is
+relative to), the curl with that port substituted.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.docs.install import Installed
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -110,11 +112,12 @@ def quickstart() -> Quickstart:
 
 
 @pytest.fixture(scope="module")
-def server(quickstart: Quickstart):
-    """README's ``irpe serve`` on a free 127.0.0.1 port; yields (port, the listening line)."""
+def server(quickstart: Quickstart, installed: Installed):
+    """README's ``irpe serve`` (installed) on a free 127.0.0.1 port; yields (port, the listening line)."""
     assert quickstart.serve[:2] == ["irpe", "serve"]
-    cmd = [sys.executable, "-m", "irpe", *quickstart.serve[1:], "--host", "127.0.0.1", "--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = [str(installed.venv / "bin" / "irpe"), *quickstart.serve[1:], "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=installed.env())
     try:
         listening, seen = None, []
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -54,17 +54,18 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def serve_command(artifact: Path, port: int, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "irpe", "serve", str(artifact), "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning", *flags]
+def serve_command(artifact: Path, port: int, *flags: str, python: str | Path | None = None) -> list[str]:
+    return [str(python or sys.executable), "-m", "irpe", "serve", str(artifact), "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning", *flags]
 
 
-def start_server(artifact: Path, *flags: str, timeout: float = 90.0,
-                 env: dict[str, str] | None = None) -> ServerProcess:
-    """Start ``irpe serve`` and wait until /readyz answers 200 (killed if it does not)."""
+def start_server(artifact: Path, *flags: str, timeout: float = 90.0, env: dict[str, str] | None = None,
+                 python: str | Path | None = None) -> ServerProcess:
+    """Start ``irpe serve`` (with ``python``, the test's own by default) from the repository root and wait until
+    /readyz answers 200 (killed if it does not)."""
     log = Path(tempfile.mkstemp(prefix="irpe-serve-", suffix=".log")[1])
     with open(log, "wb") as out:
-        proc = subprocess.Popen(serve_command(artifact, 0, *flags), cwd=REPO, stdout=out,
+        proc = subprocess.Popen(serve_command(artifact, 0, *flags, python=python), cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, env=env or server_env())
     deadline = time.monotonic() + timeout
     try:
