@@ -39,6 +39,7 @@ class Settings:
     max_body_mb: float = 20.0
     max_pixels: int = 40_000_000
     timeout_s: float = 30.0
+    drain_s: float = 0.0
     api_key: str = ""  # when set, every request but the health checks needs 'Authorization: Bearer <key>'
     admin_key: str = ""  # model control (load/unload) needs it; without it: allowed on a loopback bind only
     log_level: str = "info"
@@ -107,7 +108,7 @@ class Settings:
                   "decode_threads": self.decode_threads >= 0, "threads": self.threads >= 0,
                   "inference_threads": self.inference_threads >= 0,
                   "max_body_mb": self.max_body_mb > 0, "max_pixels": self.max_pixels > 0,
-                  "timeout_s": self.timeout_s > 0, "port": 0 <= self.port < 65536,
+                  "timeout_s": self.timeout_s > 0, "drain_s": self.drain_s >= 0, "port": 0 <= self.port < 65536,
                   **self._limit_checks()}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:

@@ -5,6 +5,7 @@ whose protobuf messages clash with the kserve package's in one process)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -54,9 +55,24 @@ class FrontEndServer(uvicorn.Server):
             announce_grpc(self.service.settings.host, bound)
 
     async def shutdown(self, sockets: list | None = None) -> None:
+        await self.drain()
         if self.grpc is not None:  # running RPCs finish within the deadline, as HTTP requests do
             from .grpc.server import stop_grpc
 
             await stop_grpc(self.grpc, self.service.settings.timeout_s)
             self.grpc = None
         await super().shutdown(sockets)
+
+    async def drain(self) -> None:
+        """``--drain-s``: /readyz answers 503 for that long while both listeners still accept and serve, so a
+        load balancer's health check takes this server out before it stops listening; a second signal ends
+        the wait."""
+        seconds = self.service.settings.drain_s
+        if seconds <= 0 or not self.service.routable:
+            return
+        self.service.begin_drain()
+        log.info("draining: /readyz answers 503 for %.1f s; requests are still served", seconds)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self.force_exit and (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(0.1, left))

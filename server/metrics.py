@@ -30,6 +30,10 @@ class Metrics:
         self.queue_depth = Gauge("irpe_queue_depth", "Images waiting for inference", registry=r)
         self.images = Counter("irpe_images_total", "Images classified", registry=r)
         self.ready = Gauge("irpe_ready", "1 once the model is loaded and warmed up", registry=r)
+        # the autoscaling signal (docs/deploy/scale-out.md): inference requests received and not yet answered,
+        # HTTP and gRPC; with --frontends the sum over the front ends
+        self.ongoing = Gauge("irpe_ongoing_requests", "Inference requests being served (received, not answered)",
+                             registry=r, multiprocess_mode="livesum")
 
     def render(self) -> bytes:
         """Text exposition of every metric."""

@@ -48,6 +48,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-mb", type=float, help="request body limit in MB (default 20)")
     p.add_argument("--max-pixels", type=lambda s: int(float(s)), help="pixel limit per image (default 40e6)")
     p.add_argument("--timeout-s", type=float, help="per-request deadline, 504 after (default 30)")
+    p.add_argument("--drain-s", type=float, help="on SIGTERM/SIGINT, /readyz and /v2/health/ready answer 503 "
+                   "'draining' for this long while requests are still served and accepted, so a load balancer's "
+                   "health check takes the server out before it stops listening (default 0)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default info)")
     p.add_argument("--jpeg-draft", action="store_true", default=None,
@@ -120,8 +123,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from irpe.server.launch import serve
 
     keys = ["host", "port", "grpc_port", "backend", "device", "max_batch", "max_wait_ms", "max_queue", "workers",
-            "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "log_level",
-            "jpeg_draft", "precision", *LIMIT_KEYS, "frontends", "model_control", "poll_interval_s", "default_model"]
+            "decode_threads", "inference_threads", "threads", "max_body_mb", "max_pixels", "timeout_s", "drain_s",
+            "log_level", "jpeg_draft", "precision", *LIMIT_KEYS, "frontends", "model_control", "poll_interval_s",
+            "default_model"]
     settings = Settings.from_env(artifact_dir=args.artifact_dir, **{k: getattr(args, k) for k in keys},
                                  load_model=",".join(args.load_model) if args.load_model else None)
     if settings.grpc_port >= 0:  # before the model loads: a missing [grpc] extra is one line naming it

@@ -2,7 +2,8 @@
 
 The model is loaded in the lifespan unless the launcher loaded it first (:mod:`..launch`: a bad artifact or
 a GPU that fell back to CPU stops startup); the warm-up of every batch size runs in the background so
-/healthz answers at once and /readyz turns 200 when it is done. On SIGTERM uvicorn stops accepting, waits
+/healthz answers at once and /readyz turns 200 when it is done. On SIGTERM /readyz answers 503 for
+``--drain-s`` while requests are still served (:mod:`..frontend`), then uvicorn stops accepting, waits
 for in-flight requests, then the lifespan drains the batchers. Imports nothing from torch or the
 export/training code.
 """

@@ -152,10 +152,10 @@ async def live() -> dict[str, bool]:
 
 @router.get("/health/ready", responses=_READY_503)
 async def ready(request: Request) -> JSONResponse:
-    """Readiness (503 until warmed up, or once an inference thread has died)."""
+    """Readiness (503 until warmed up, while draining, or once an inference thread has died)."""
     service = service_of(request)
     service.check_workers()
-    ok = service.ready
+    ok = service.routable
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 

@@ -87,10 +87,10 @@ def _failure(request: Request, service: Service) -> str:
 
 @router.get("/readyz", tags=["health"], responses={200: {"model": HealthStatus}, **_HEALTH_503})
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: 503 until the model is loaded and every batch size warmed up."""
+    """Readiness: 503 until the model is loaded and every batch size warmed up, and while draining."""
     service = service_of(request)
     service.check_workers()
-    if not service.ready:
+    if not service.routable:
         detail = _not_ready_detail(request, service)
         return JSONResponse({"status": "not_ready", "detail": detail}, status_code=503,
                             headers={"Retry-After": "1"})
@@ -103,6 +103,8 @@ def _not_ready_detail(request: Request, service: Service) -> str:
         return _failure(request, service)
     if service.readiness is Readiness.STOPPING:
         return "shutting down"
+    if service.ready and service.draining:
+        return "draining"
     return service.reason or "warming up"
 
 

@@ -8,8 +8,8 @@ images over through shared memory, :mod:`.link`). It then watches them:
 * a front end that dies is restarted (its in-flight requests are lost with it; the others keep serving);
 * the engine dying makes every front end's /readyz answer 503 at once; the supervisor then stops the
   front ends and exits 1;
-* SIGTERM/SIGINT: the front ends stop accepting and finish their requests (uvicorn's graceful shutdown),
-  then the engine drains its queue; exit 0.
+* SIGTERM/SIGINT: the front ends drain (``--drain-s``: /readyz 503, still serving), stop accepting and finish
+  their requests (uvicorn's graceful shutdown), then the engine drains its queue; exit 0.
 
 ``/metrics`` on any front end adds up every process (prometheus_client multiprocess mode).
 """
@@ -221,7 +221,7 @@ class Supervisor:
         for p in alive:
             os.kill(p.pid, signal.SIGTERM)  # type: ignore[arg-type]
         for p in alive:
-            p.join(self.settings.timeout_s + 15)
+            p.join(self.settings.drain_s + self.settings.timeout_s + 15)
             if p.is_alive():
                 log.warning("front end pid %s did not stop in time; killing it", p.pid)
                 p.kill()

@@ -59,6 +59,7 @@ class Service:
     pool: ThreadPoolExecutor | None = None
     readiness: Readiness = Readiness.STARTING
     reason: str = ""  # why not READY: the failure (FAILED) or the unloaded default model (UNLOADED)
+    draining: bool = False  # stopping with --drain-s: /readyz answers 503 while requests are still served
     budget: PixelBudget | None = None
     admitted: int = 0  # images of /classify requests being decoded or queued (event-loop owned)
     inline_decode: bool = False  # small baseline JPEGs decode on the event loop (auto --decode-threads)
@@ -79,6 +80,16 @@ class Service:
         return self.readiness is Readiness.READY
 
     @property
+    @property
+    def routable(self) -> bool:
+        """Whether a load balancer should send new requests here (/readyz): ready and not draining."""
+        return self.readiness is Readiness.READY and not self.draining
+
+    def begin_drain(self) -> None:
+        """Stopping with ``--drain-s``: /readyz turns 503 while requests are still accepted and served."""
+        self.draining = True
+        self.metrics.ready.set(0)
+
     def failure(self) -> str:
         """Why the server failed (FAILED), or ""."""
         return self.reason if self.readiness is Readiness.FAILED else ""
@@ -118,7 +129,7 @@ class Service:
             self._become(Readiness.READY)
         elif self.readiness is not Readiness.FAILED:
             self._become(Readiness.UNLOADED, f"default model {self.host.default_name()!r} is not loaded")
-        self.metrics.ready.set(1 if self.ready else 0)
+        self.metrics.ready.set(1 if self.routable else 0)
 
     def control(self, name: str, load: bool) -> None:
         """``POST /v2/repository/models/{name}/load|unload`` (blocking: run it in a thread).
@@ -161,7 +172,12 @@ class Service:
         if not self.started:
             self.require_ready()
         with self.host.acquire(name, version) as model_version:
-            yield model_version
+            ongoing = self.metrics.ongoing
+            ongoing.inc()
+            try:
+                yield model_version
+            finally:
+                ongoing.dec()
 
     def model(self, name: str, version: str | None = None) -> ModelVersion:
         """The served version a metadata request names.

@@ -1,0 +1,55 @@
+"""``--drain-s``: on SIGTERM /readyz turns 503 first while requests are still accepted and served, then the
+server stops as before (what a load balancer's health check needs to take a host out without losing a request:
+docs/deploy/load-balancer.md)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.reliability.procs import start_server
+from tests.server.helpers import encode, image
+
+DRAIN_S = 3.0
+
+
+def _samples(url: str, name: str) -> list[float]:
+    """Every sample of a metric family (--frontends: one series per process for irpe_ready)."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return [float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + " ", name + "{"))]
+
+
+@pytest.mark.parametrize("frontends", ["0", "2"])
+def test_sigterm_turns_readiness_503_first_and_keeps_serving_for_drain_s(tiny_artifact: Path, frontends: str):
+    """During the drain: /readyz 503 "draining", /v2/health/ready 503, irpe_ready 0, and a new connection's
+    /classify still 200; /healthz stays 200. Then the process exits 0 (one process: uvicorn re-raises the
+    signal) no sooner than --drain-s after the signal."""
+    server = start_server(tiny_artifact, "--drain-s", str(DRAIN_S), "--frontends", frontends)
+    try:
+        assert httpx.get(server.url + "/readyz", timeout=5).status_code == 200
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = signalled + 5
+        while httpx.get(server.url + "/readyz", timeout=5).status_code == 200:
+            assert time.monotonic() < deadline, "/readyz still 200 five seconds after SIGTERM"
+            time.sleep(0.05)
+        ready = httpx.get(server.url + "/readyz", timeout=5)
+        assert (ready.status_code, ready.json()["detail"]) == (503, "draining")
+        assert httpx.get(server.url + "/v2/health/ready", timeout=5).status_code == 503
+        assert httpx.get(server.url + "/healthz", timeout=5).status_code == 200
+        assert 0 in _samples(server.url, "irpe_ready")  # the draining process's series
+        with httpx.Client(timeout=10) as fresh:  # a new connection is still accepted and answered
+            answer = fresh.post(server.url + "/classify", content=encode(image()),
+                                headers={"content-type": "image/png"})
+        assert answer.status_code == 200, answer.text
+        assert time.monotonic() - signalled < DRAIN_S, "the checks above took longer than the drain"
+        code = server.proc.wait(DRAIN_S + 30)
+        assert time.monotonic() - signalled >= DRAIN_S - 0.2  # the drain is waited out (0.2 s: timer rounding)
+    finally:
+        server.stop()
+        server.log.unlink(missing_ok=True)
+    assert code in (0, -signal.SIGTERM), server.output()
