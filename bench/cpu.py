@@ -123,7 +123,7 @@ def nncf_model(fp32_onnx: Path, calib: np.ndarray) -> Any:
         import nncf
         import openvino as ov
     except ImportError:
-        _log("nncf is not installed: no NNCF anchor (pip install 'irpe-deploy[bench-cpu]')")
+        _log("nncf is not installed: no NNCF anchor (pip install '.[bench-cpu]' from the irpe-deploy checkout's root)")
         return None
     model = ov.Core().read_model(str(fp32_onnx))
     dataset = nncf.Dataset([calib[i:i + 1] for i in range(len(calib))])

@@ -1,4 +1,5 @@
-"""Which ``pip install 'irpe-deploy[EXTRA]'`` provides a missing module: one CLI line instead of a traceback.
+"""Which extra (``pip install '.[EXTRA]'`` from the checkout) provides a missing module: one CLI line instead of a
+traceback.
 
 The extras and their packages come from the installed distribution's metadata (``Requires-Dist: ...;
 extra == "x"``), so a new extra in pyproject.toml is covered once the package is reinstalled. Only the
@@ -107,8 +108,19 @@ def missing_module_message(module: str, command: str | None = None) -> str | Non
     extra = _choose_extra(module, extras, command)
     others = [e for e in extras if e != extra]
     also = f" (also in [{'], ['.join(others)}])" if others else ""
-    return (f"{what} needs {dist} (import {module!r} failed), from the [{extra}] extra{also}: "
-            f"pip install '{DISTRIBUTION}[{extra}]'")
+    return f"{what} needs {dist} (import {module!r} failed), from the [{extra}] extra{also}: {install_line(extra)}"
+
+
+def install_line(extra: str) -> str:
+    """How to install ``extra``: from the checkout, since irpe-deploy is on no package index.
+
+    Args:
+        extra: an extra of pyproject.toml (``export``, ``grpc``, ...).
+
+    Returns:
+        ``pip install '.[EXTRA]' from the irpe-deploy checkout's root``.
+    """
+    return f"pip install '.[{extra}]' from the {DISTRIBUTION} checkout's root"
 
 
 def require_modules(modules: tuple[str, ...]) -> None:

@@ -80,7 +80,8 @@ def _digits(artifact: ModelArtifact, calibration_size: int, heldout: int, seed: 
     try:
         from irpe.training.digits import digit_image, split_digits
     except ImportError as e:
-        raise ValueError(f"--calibration digits needs scikit-learn ({e}); pip install 'irpe-deploy[train]'") from None
+        raise ValueError(f"--calibration digits needs scikit-learn ({e}); pip install '.[train]' from the irpe-deploy "
+                         "checkout's root") from None
     from irpe.artifact.preprocess import preprocess_image
 
     x_tr, x_va, _, y_va = split_digits()

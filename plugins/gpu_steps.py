@@ -48,7 +48,7 @@ def require(module: str, why: str) -> Any:
 
 def require_torch(context: StepContext) -> Any:
     """torch with the context's device usable, or :class:`Skip` saying what is missing."""
-    torch = require("torch", "pip install 'irpe-deploy[export]'")
+    torch = require("torch", "pip install '.[export]' from the irpe-deploy checkout's root")
     if context.device == "cuda" and not torch.cuda.is_available():
         raise Skip("no CUDA GPU visible to torch")
     return torch
@@ -115,7 +115,7 @@ def step_triton_kernels(context: StepContext) -> Finding:
         AssertionError: a kernel's output differs from NumPy beyond TOLERANCE.
     """
     torch = require_torch(context)
-    require("triton", "pip install 'irpe-deploy[plugins]'")
+    require("triton", "pip install '.[plugins]' from the irpe-deploy checkout's root")
     from . import kernels
 
     figures: dict[str, Any] = {}
@@ -177,7 +177,7 @@ def step_ptx_with_cupy(context: StepContext) -> Finding:
     require_cuda(context, "launching PTX")
     torch = require_torch(context)
     cupy = require("cupy", "pip install cupy-cuda12x")
-    require("triton", "pip install 'irpe-deploy[plugins]'")
+    require("triton", "pip install '.[plugins]' from the irpe-deploy checkout's root")
     from .ptx import compile_ptx
 
     major, minor = torch.cuda.get_device_capability()
@@ -253,7 +253,7 @@ def step_torch_vs_onnxruntime(context: StepContext) -> Finding:
         AssertionError: the logits differ beyond LOGIT_TOLERANCE.
     """
     torch = require_torch(context)
-    require("onnx", "pip install 'irpe-deploy[export]'")
+    require("onnx", "pip install '.[export]' from the irpe-deploy checkout's root")
     require("onnxruntime", "pip install onnxruntime")
     from irpe.export.parity import ort_session
 
@@ -289,10 +289,10 @@ def step_onnxruntime_cuda(context: StepContext) -> Finding:
         AssertionError: ONNX Runtime fell back to the CPU or the logits differ.
     """
     require_cuda(context, "ONNX Runtime's CUDA provider")
-    ort = require("onnxruntime", "pip install 'irpe-deploy[gpu]'")
+    ort = require("onnxruntime", "pip install '.[gpu]' from the irpe-deploy checkout's root")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise Skip(f"this onnxruntime has no CUDAExecutionProvider (providers: {ort.get_available_providers()}); "
-                   "onnxruntime-gpu has it: pip install 'irpe-deploy[gpu]'")
+                   "onnxruntime-gpu has it: pip install '.[gpu]' from the irpe-deploy checkout's root")
     path = context.workdir / "model.onnx"
     if not path.is_file():
         raise Skip("no model.onnx: the PyTorch CUDA vs ONNX Runtime CPU step did not export one")
@@ -342,7 +342,7 @@ def step_tensorrt(context: StepContext) -> Finding:
     """
     require_cuda(context, "TensorRT")
     torch = require_torch(context)
-    require("onnx", "pip install 'irpe-deploy[export]'")
+    require("onnx", "pip install '.[export]' from the irpe-deploy checkout's root")
     from irpe.export.tensorrt import TensorRTUnavailable, import_tensorrt
 
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from irpe.extras import GRPC_MODULES, extras_by_distribution, missing_module_message
+from irpe.extras import GRPC_MODULES, extras_by_distribution, install_line, missing_module_message
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "deit_tiny_patch16_224_ctx_product_50_shared_k"
@@ -39,7 +40,7 @@ def _assert_one_line(res: subprocess.CompletedProcess, command: str, extra: str,
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert lines[0].startswith(f"irpe {command}: error: ") and package in lines[0]
-    assert f"pip install 'irpe-deploy[{extra}]'" in lines[0], lines[0]
+    assert install_line(extra) in lines[0], lines[0]
 
 
 @pytest.mark.parametrize(("blocked", "argv", "extra", "package"), [
@@ -57,7 +58,7 @@ def test_missing_optional_dependency_is_one_line_naming_the_extra(blocked, argv,
     ("tqdm", "export"), ("triton", "plugins"), ("pytest", "dev"), ("tritonclient.http", "dev")])
 def test_every_extra_package_maps_to_its_extra(module, extra):
     msg = missing_module_message(module, "export")
-    assert f"pip install 'irpe-deploy[{extra}]'" in msg and "\n" not in msg
+    assert install_line(extra) in msg and "\n" not in msg
 
 
 def test_the_map_covers_every_extra_of_the_installed_package():
@@ -67,6 +68,19 @@ def test_the_map_covers_every_extra_of_the_installed_package():
     assert set(PYPROJECT_EXTRAS) <= set(declared)
     found = {e for extras in extras_by_distribution().values() for e in extras}
     assert set(PYPROJECT_EXTRAS) <= found, "reinstall the package: its metadata lacks extras from pyproject.toml"
+
+
+def test_the_install_line_works_from_a_checkout():
+    """irpe-deploy is on no package index: the line installs the extra from the checkout."""
+    assert install_line("export") == "pip install '.[export]' from the irpe-deploy checkout's root"
+
+
+def test_no_message_names_a_package_index_install():
+    found = [f"{path.relative_to(ROOT)}:{number}" for folder in ("artifact", "bench", "cli", "export", "models",
+                                                                 "plugins", "server", "training")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if "install 'irpe-deploy[" in line]
+    assert found == [], f"pip install 'irpe-deploy[...]' fails (no index has it): say {install_line('EXTRA')}: {found}"
 
 
 def test_internal_and_tensorrt_modules():
@@ -108,14 +122,14 @@ def test_gpu_extra_is_named_when_onnxruntime_has_no_cuda():
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("no GPU: this onnxruntime has CUDA, the message is for CPU-only builds")
-    with pytest.raises(EngineError, match=r"pip install 'irpe-deploy\[gpu\]' \(onnxruntime-gpu\)"):
+    with pytest.raises(EngineError, match=re.escape(f"{install_line('gpu')} (onnxruntime-gpu)")):
         OrtEngine(Path("unused.onnx"), None, device="cuda", threads=1, max_batch=1)
 
 
 @dataclass(frozen=True)
 class ExtraCase:
     """How a user meets a missing extra: the CLI run with ``blocked`` modules unimportable, and the package its
-    one-line error names beside ``pip install 'irpe-deploy[EXTRA]'``."""
+    one-line error names beside ``pip install '.[EXTRA]'``."""
 
     blocked: tuple[str, ...]
     argv: tuple[str, ...]
@@ -182,7 +196,7 @@ def test_serve_grpc_port_names_the_grpc_extra_for_each_of_its_modules(module, pa
 def test_extras_no_quick_command_reaches_have_their_line(extra):
     module, command, _why = MESSAGE_CASES[extra]
     msg = missing_module_message(module, command)
-    assert f"pip install 'irpe-deploy[{extra}]'" in msg and "\n" not in msg, msg
+    assert install_line(extra) in msg and "\n" not in msg, msg
 
 
 def test_missing_otel_extra_is_a_startup_warning_naming_it(tmp_path):
@@ -204,7 +218,7 @@ def test_missing_otel_extra_is_a_startup_warning_naming_it(tmp_path):
         proc.wait(timeout=30)
     assert any("listening on" in ln for ln in lines), "".join(lines)
     warning = [ln for ln in lines if "OTEL_EXPORTER_OTLP_ENDPOINT" in ln]
-    assert len(warning) == 1 and "pip install 'irpe-deploy[otel]'" in warning[0], "".join(lines)
+    assert len(warning) == 1 and install_line("otel") in warning[0], "".join(lines)
 
 
 @pytest.mark.parametrize(("module", "command", "extra", "package"), [
@@ -216,4 +230,4 @@ def test_missing_otel_extra_is_a_startup_warning_naming_it(tmp_path):
 ])
 def test_dotted_and_shared_modules_name_the_right_extra_and_package(module, command, extra, package):
     msg = missing_module_message(module, command)
-    assert f"needs {package} " in msg and f"pip install 'irpe-deploy[{extra}]'" in msg, msg
+    assert f"needs {package} " in msg and install_line(extra) in msg, msg

@@ -64,7 +64,7 @@ def load_engine(directory: str | Path, artifact: ModelArtifact, *, backend: str 
                               streams=streams, max_batch=max_batch)
     if precision == "bf16":
         raise EngineError(f"--precision bf16 needs --backend openvino ({backend} runs fp32 here); "
-                          "pip install 'irpe-deploy[cpu]' and pass --backend openvino")
+                          "pip install '.[cpu]' from the irpe-deploy checkout's root and pass --backend openvino")
     if backend == "tensorrt":
         if device != "cuda":
             raise EngineError("--backend tensorrt needs --device cuda")

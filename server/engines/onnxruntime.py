@@ -22,7 +22,8 @@ from .base import Engine, EngineError, EngineInfo, batch_sizes
 
 log = logging.getLogger("irpe.server")
 INT8_ON_CPU = ("int8 artifact on ONNX Runtime (CPU): it runs no faster than the fp32 graph here (1.15-1.3x slower "
-               "measured); OpenVINO is its fast path: pip install 'irpe-deploy[cpu]' and serve with --backend auto")
+               "measured); OpenVINO is its fast path: pip install '.[cpu]' from the irpe-deploy checkout's root and "
+               "serve with --backend auto")
 
 
 class OrtEngine(Engine):
@@ -42,7 +43,7 @@ class OrtEngine(Engine):
         if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
             raise EngineError("--device cuda: this onnxruntime has no CUDAExecutionProvider "
                               f"(available: {ort.get_available_providers()}); install the [gpu] extra: "
-                              "pip install 'irpe-deploy[gpu]' (onnxruntime-gpu)")
+                              "pip install '.[gpu]' from the irpe-deploy checkout's root (onnxruntime-gpu)")
         graph = prepare(onnx_path) if device == "cpu" else (str(onnx_path), None)
         self.session, graph = _session(ort, onnx_path, threads, device, graph=graph)
         solo = device == "cpu" and solo_threads > (threads or usable_cpus())

@@ -34,8 +34,8 @@ from irpe.artifact.openvino_graph import read_model
 from .base import Engine, EngineError, EngineInfo, batch_sizes
 
 log = logging.getLogger("irpe.server")
-MISSING = ("--backend openvino needs OpenVINO, which is not installed: pip install 'irpe-deploy[cpu]' "
-           "(or use --backend onnxruntime)")
+MISSING = ("--backend openvino needs OpenVINO, which is not installed: pip install '.[cpu]' from the irpe-deploy "
+           "checkout's root (or use --backend onnxruntime)")
 
 
 def import_openvino() -> Any:

@@ -95,7 +95,7 @@ def otlp_tracer() -> Any:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
         log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed; no spans are "
-                    "exported (pip install 'irpe-deploy[otel]')")
+                    "exported (pip install '.[otel]' from the irpe-deploy checkout's root)")
         return None
     import irpe
 
