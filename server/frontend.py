@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import uvicorn
@@ -32,6 +33,16 @@ class FrontEndServer(uvicorn.Server):
         self.reuse_port = reuse_port
         self.grpc: Any = None
         self.failure = ""
+        self._gate = threading.Lock()
+        self._warmed = self._bound = False
+        if announce:  # one process: "ready:" once the model is warm and the port bound, never after a failed bind
+            service.ready_gate = self._warm_done
+
+    def _warm_done(self) -> bool:
+        """The service's warm-up is through: whether it logs "ready:" now (else :meth:`startup` does)."""
+        with self._gate:
+            self._warmed = True
+            return self._bound
 
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
@@ -40,19 +51,22 @@ class FrontEndServer(uvicorn.Server):
         if self.announce and self.servers:
             announce(self.servers[0].sockets[0].getsockname())
         port = self.service.settings.grpc_port
-        if port < 0:
-            return
-        from .grpc.server import start_grpc
+        if port >= 0:
+            from .grpc.server import start_grpc
 
-        try:
-            self.grpc, bound = await start_grpc(self.service, self.shm, port, self.reuse_port)
-        except RuntimeError as e:
-            self.failure = f"{e} (is the port in use? pick another --grpc-port)"
-            log.error("%s", self.failure)
-            self.should_exit = True
-            return
-        if self.announce:
-            announce_grpc(self.service.settings.host, bound)
+            try:
+                self.grpc, bound = await start_grpc(self.service, self.shm, port, self.reuse_port)
+            except RuntimeError as e:
+                self.failure = f"{e} (is the port in use? pick another --grpc-port)"
+                log.error("%s", self.failure)
+                self.should_exit = True
+                return
+            if self.announce:
+                announce_grpc(self.service.settings.host, bound)
+        with self._gate:
+            self._bound, warmed = True, self._warmed
+        if warmed and self.service.ready and self.announce:
+            log.info("ready: %s", self.service.host.describe())
 
     async def shutdown(self, sockets: list | None = None) -> None:
         await self.drain()

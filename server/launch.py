@@ -4,6 +4,7 @@ workers, or ``--frontends N`` front-end processes over one engine process (:mod:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -85,7 +86,13 @@ def _serve_one(settings: Settings) -> None:
     tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     server = FrontEndServer(config, app.state.irpe, app.state.shm)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's exit 3: its lifespan or its bind failed, and it logged why
+        if not server.started and not getattr(getattr(server, "lifespan", None), "should_exit", True):
+            print(f"irpe serve: error: cannot listen on {settings.host}:{settings.port} (the error above); pick "
+                  "another --port, or stop the process that holds it", file=sys.stderr)
+        raise
     if server.failure:
         raise SystemExit(f"irpe serve: error: {server.failure}")
     if not server.started:
@@ -93,8 +100,12 @@ def _serve_one(settings: Settings) -> None:
 
 
 def _check_repository_fits(settings: Settings, frontends: int) -> None:
-    """A model repository with several models or model control: refuse --workers (each worker would hold
-    its own copy; --frontends shares one engine process and forwards model control to it)."""
+    """``--load-model`` without explicit model control: refused, for an artifact too. A model repository with
+    several models or model control: refuse --workers (each worker would hold its own copy; --frontends shares
+    one engine process and forwards model control to it)."""
+    if settings.load_model and settings.model_control != "explicit":  # an artifact or a repository alike
+        raise SystemExit("irpe serve: error: --load-model picks the models loaded at startup with --model-control "
+                         f"explicit (got {settings.model_control}); add --model-control explicit")
     root = Path(settings.artifact_dir)
     if not root.is_dir():
         return
@@ -112,12 +123,10 @@ def _check_repository_fits(settings: Settings, frontends: int) -> None:
 
 
 def _check_load_model(settings: Settings, names: list[str]) -> None:
-    """``--load-model``: explicit model control only, names the repository holds, the default among them."""
+    """``--load-model`` (with explicit model control, checked before): names the repository holds, the default
+    among them."""
     if not settings.load_model:
         return
-    if settings.model_control != "explicit":
-        raise SystemExit("irpe serve: error: --load-model picks the models loaded at startup with --model-control "
-                         f"explicit (got {settings.model_control}); add --model-control explicit")
     startup = settings.startup_models() or []
     missing = [n for n in startup if n not in names]
     if missing:

@@ -21,7 +21,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--opset", type=int, default=17, help="ONNX opset of model.onnx")
     p.add_argument("--max-batch", type=int, default=32,
                    help="largest batch of the TensorRT plan's profile and of the Triton model config")
-    p.add_argument("--fp16", action="store_true", help="build the TensorRT plan with FP16 kernels (default: FP32)")
+    p.add_argument("--fp16", action="store_true", help="write model.onnx as a float16 graph (fp16 weights and "
+                   "compute; FP32 images in, FP32 logits out) and build any TensorRT plan from it (default: FP32)")
     add_int8_options(p)
     p.set_defaults(func=run)
 

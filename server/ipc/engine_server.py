@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 import time
 from dataclasses import asdict
 from multiprocessing import shared_memory
@@ -232,8 +233,8 @@ def engine_main(settings: Settings, path: str) -> None:
     service = local_service(settings)
     try:
         service.load()
-    except (ArtifactError, EngineError) as e:
-        log.error("engine: cannot load the model: %s", e)
+    except (ArtifactError, EngineError) as e:  # one line, as the one-process server's
+        print(f"irpe serve: error: cannot load the model: {e}", file=sys.stderr, flush=True)
         raise SystemExit(3) from None
     log.info("engine: model loaded in %.2fs; socket %s", time.perf_counter() - started, path)
     tune_gc()

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -95,7 +96,13 @@ def bind(settings: Settings) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host.strip("[]"), settings.port))
+    try:
+        sock.bind((settings.host.strip("[]"), settings.port))
+    except OSError as e:  # exit 3, as the one-process server's failed bind
+        sock.close()
+        print(f"irpe serve: error: cannot bind --port {settings.port} on {settings.host}: {e.strerror}; pick "
+              "another --port, or stop the process that holds it", file=sys.stderr)
+        raise SystemExit(3) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -65,6 +65,7 @@ class Service:
     inline_decode: bool = False  # small baseline JPEGs decode on the event loop (auto --decode-threads)
     turn: InlineTurn = field(default_factory=lambda: InlineTurn(2 * INLINE_PIXELS))
     _images: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False)  # labeled image counters
+    ready_gate: Any = None  # () -> whether warm() logs "ready:" now (else the gate does, later); frontend.py
 
     def __post_init__(self) -> None:
         self.host.subscribe(lambda leaving: self.refresh())
@@ -80,7 +81,6 @@ class Service:
         return self.readiness is Readiness.READY
 
     @property
-    @property
     def routable(self) -> bool:
         """Whether a load balancer should send new requests here (/readyz): ready and not draining."""
         return self.readiness is Readiness.READY and not self.draining
@@ -90,6 +90,7 @@ class Service:
         self.draining = True
         self.metrics.ready.set(0)
 
+    @property
     def failure(self) -> str:
         """Why the server failed (FAILED), or ""."""
         return self.reason if self.readiness is Readiness.FAILED else ""
@@ -119,7 +120,8 @@ class Service:
             self._become(Readiness.FAILED, self.failure or self.host.startup_failure())
             log.error("the default model %s is not ready; the server stays unready", self.host.default_name())
             return
-        log.info("ready: %s", self.host.describe())
+        if self.ready_gate is None or self.ready_gate():
+            log.info("ready: %s", self.host.describe())
 
     def refresh(self) -> None:
         """Ready while the default model has a READY version (after every change of the host); a failure

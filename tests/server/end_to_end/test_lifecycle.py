@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -102,9 +103,37 @@ def test_gpu_request_without_gpu_fails_startup(tiny_artifact: Path) -> None:
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("a CUDA-enabled onnxruntime is installed; the fallback check needs a CPU-only build")
-    proc = _serve(tiny_artifact, "--device", "cuda")
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and "CUDAExecutionProvider" in out
+    for layout in ("0", "auto"):  # one process, and one front end over the engine process (auto with cuda)
+        proc = _serve(tiny_artifact, "--device", "cuda", "--frontends", layout)
+        out, _ = proc.communicate(timeout=60)
+        errors = [line for line in out.splitlines() if line.startswith("irpe serve: error: cannot load the model: "
+                                                                        "--device cuda: ")]
+        assert proc.returncode != 0 and len(errors) == 1 and "CUDAExecutionProvider" in errors[0], out
+        assert "Traceback" not in out and " ERROR " not in out, out
+
+
+@pytest.mark.parametrize("layout", ["0", "2"])
+def test_a_port_in_use_is_one_error_line_and_never_ready(tiny_artifact: Path, layout: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        out = subprocess.run([sys.executable, "-m", "irpe.cli", "serve", str(tiny_artifact), "--host", "127.0.0.1",
+                              "--port", port, "--frontends", layout], cwd=REPO, capture_output=True, text=True,
+                             timeout=90)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("irpe serve: error: ")]
+    assert out.returncode == 3 and len(errors) == 1 and port in errors[0] and "--port" in errors[0], out.stderr
+    assert "ready: " not in out.stderr and "listening on" not in out.stdout + out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_load_model_without_explicit_model_control_is_refused(tiny_artifact: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "irpe.cli", "serve", str(tiny_artifact), "--port", "0",
+                          "--load-model", "foo"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "irpe serve: error: --load-model picks the models loaded at startup with --model-control explicit "
+        "(got none); add --model-control explicit"]
 
 
 def test_bad_artifact_dir_is_a_one_line_error(tmp_path: Path) -> None:
