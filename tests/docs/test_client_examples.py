@@ -4,8 +4,8 @@ A page says which server its examples ran against with a ``<!-- test:serve [VAR=
 [FLAGS] -->`` line (its prose names the same command); it holds for the blocks after it, up to the next such
 line. A fenced block right after ``<!-- test:client -->`` is an example:
 
-* ``python`` and ``bash`` blocks run whole (python with this interpreter, bash with ``-euo pipefail``) and must
-  print what the ``text`` block right after them shows;
+* ``python`` and ``bash`` blocks run whole (python, bash with ``-euo pipefail``) and must print what the
+  ``text`` block right after them shows;
 * ``console`` blocks are transcripts: each ``$ `` line (with its ``\\`` continuation lines) runs in bash on its
   own, and the outputs, one after the other, must be the transcript's other lines.
 
@@ -18,16 +18,18 @@ object may hold any timings.
 A bash block after ``<!-- test:perf_analyzer -->`` runs from the repository root (it calls
 ``scripts/perf-analyzer.sh``) and must exit 0; its ``text`` block is perf_analyzer's report trimmed: a ``...``
 line stands for any lines, and any number matches any number.
+
+Servers and examples run from the non-editable install of tests/docs/install.py: ``python`` and ``irpe`` are
+that venv's, and the repository root comes first on ``sys.path``, as for a reader who runs them from the root
+(where a folder named ``irpe`` would shadow the install).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,8 @@ from pathlib import Path
 import pytest
 
 from tests.benchmarks.test_triton_bench import _perf_analyzer_runs
-from tests.reliability.procs import ServerProcess, server_env, start_server
+from tests.docs.install import Installed
+from tests.reliability.procs import ServerProcess, start_server
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = ("docs/api/http.md", "docs/api/kserve-v2.md", "docs/api/grpc-health.md", "docs/api/shared-memory.md")
@@ -242,14 +245,15 @@ def test_every_page_has_examples_against_the_server_its_prose_names() -> None:
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[Callable[[Serve], tuple[str, str]]]:
-    """Start (once each) the servers the pages name; yields a function from a page's server to its HTTP and
-    gRPC addresses."""
+def servers(installed: Installed) -> Iterator[Callable[[Serve], tuple[str, str]]]:
+    """Start (once each, from the non-editable install) the servers the pages name; yields a function from a
+    page's server to its HTTP and gRPC addresses."""
     running: dict[Serve, tuple[ServerProcess, str, str]] = {}
 
     def address(serve: Serve) -> tuple[str, str]:
         if serve not in running:
-            proc = start_server(Path(serve.args[0]), *serve.flags(), env=server_env(**dict(serve.env)))
+            proc = start_server(Path(serve.args[0]), *serve.flags(), env=installed.env(**dict(serve.env)),
+                                python=installed.python)
             ports = _GRPC_LINE.findall(proc.output())
             assert ports or "--grpc-port" not in serve.args, f"no gRPC address in:\n{proc.output()}"
             running[serve] = (proc, proc.url.removeprefix("http://"), f"127.0.0.1:{ports[0] if ports else 1}")
@@ -263,46 +267,49 @@ def servers() -> Iterator[Callable[[Serve], tuple[str, str]]]:
             proc.log.unlink(missing_ok=True)
 
 
-def _run(command: list[str], code: str, cwd: Path, addresses: tuple[str, str],
+def _run(command: list[str], code: str, cwd: Path, addresses: tuple[str, str], installed: Installed,
          timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``command code`` with the install's python and irpe first on PATH and the repository root first on
+    sys.path (as for a reader who runs it from the root), the page's addresses replaced by the servers'."""
     code = code.replace(PAGE_HTTP, addresses[0]).replace(PAGE_GRPC, addresses[1])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IRPE_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env = installed.env(PYTHONPATH=str(REPO))
     return subprocess.run([*command, code], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _printed(example: Example, workdir: Path, addresses: tuple[str, str]) -> tuple[str, str]:
+def _printed(example: Example, workdir: Path, addresses: tuple[str, str], installed: Installed) -> tuple[str, str]:
     """Run one client example; returns (what it printed, what the page shows)."""
     if example.language == "console":
         commands, expected = console_steps(example.code)
         printed = []
         for command in commands:
-            result = _run(["bash", "-euo", "pipefail", "-c"], command, workdir, addresses)
+            result = _run(["bash", "-euo", "pipefail", "-c"], command, workdir, addresses, installed)
             assert result.returncode == 0, f"{example}: {command!r} exited {result.returncode}:\n{result.stderr}"
             printed.append(result.stdout.strip())
         return "\n".join(p for p in printed if p), expected
-    shell = [sys.executable, "-c"] if example.language == "python" else ["bash", "-euo", "pipefail", "-c"]
-    result = _run(shell, example.code, workdir, addresses)
+    shell = [str(installed.python), "-c"] if example.language == "python" else ["bash", "-euo", "pipefail", "-c"]
+    result = _run(shell, example.code, workdir, addresses, installed)
     assert result.returncode == 0, f"{example} exited {result.returncode}:\n{result.stdout}{result.stderr}"
     return result.stdout, example.expected
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_client_examples_print_what_the_page_shows(page: str, servers: Callable[[Serve], tuple[str, str]],
-                                                   tmp_path: Path) -> None:
+                                                   installed: Installed, tmp_path: Path) -> None:
     for example in examples(page):
         if example.kind == "client":
-            printed, expected = _printed(example, tmp_path, servers(example.serve))
+            printed, expected = _printed(example, tmp_path, servers(example.serve), installed)
             assert same_output(printed, expected), f"{example} printed:\n{printed}\nthe page shows:\n{expected}"
 
 
 @pytest.mark.perf_analyzer  # IRPE_TEST_WITHOUT=perf_analyzer opts out (tests/conftest.py)
 @pytest.mark.skipif(not _perf_analyzer_runs(), reason="perf_analyzer (or its podman image) is not here")
-def test_perf_analyzer_examples_report_what_the_pages_show(servers: Callable[[Serve], tuple[str, str]]) -> None:
+def test_perf_analyzer_examples_report_what_the_pages_show(servers: Callable[[Serve], tuple[str, str]],
+                                                           installed: Installed) -> None:
     found = [e for page in PAGES for e in examples(page) if e.kind == "perf_analyzer"]
     assert found, f"no {PERF} block in {', '.join(PAGES)}"
     for example in found:
-        result = _run(["bash", "-euo", "pipefail", "-c"], example.code, REPO, servers(example.serve), timeout=300)
+        result = _run(["bash", "-euo", "pipefail", "-c"], example.code, REPO, servers(example.serve), installed,
+                      timeout=300)
         assert result.returncode == 0, f"{example} exited {result.returncode}:\n{result.stdout}{result.stderr}"
         assert same_report(result.stdout, example.expected), (
             f"{example} printed:\n{result.stdout}\nthe page shows (trimmed):\n{example.expected}")
