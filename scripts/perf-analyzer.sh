@@ -57,7 +57,10 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 rc=0
 cd "${TMPDIR:-/tmp}"  # conmon leaves an empty file named "oom" in the working directory when the cap is hit
+# the binary itself: the wheel's /opt/pa/bin/perf_analyzer wrapper runs it and exits 0 whatever it returned
+# (perf_analyzer's own code on an error is 99)
 "${podman[@]}" run --rm --name "$name" --network host --memory "${IRPE_PA_MEMORY:-12g}" "$image" \
-  timeout --kill-after=5 "$limit" /opt/pa/bin/perf_analyzer "$@" || rc=$?
+  sh -c 'exec timeout --kill-after=5 "$0" /opt/pa/lib/python3*/site-packages/perf_analyzer/bin/perf_analyzer "$@"' \
+  "$limit" "$@" || rc=$?
 [ "$rc" != 124 ] || echo "perf-analyzer.sh: perf_analyzer ran past IRPE_PA_TIMEOUT=${limit}s and was stopped" >&2
 exit "$rc"
