@@ -35,6 +35,7 @@ OPT_OUT_GROUPS = {
     "browser": "needs Debian's chromium (scripts/install-browser.sh)",
     "container": "builds and runs the serving image (docker, or podman + runc: scripts/container-setup.sh)",
     "perf_analyzer": "runs NVIDIA's perf_analyzer (on PATH, or its podman image: scripts/perf-analyzer.sh --image)",
+    "balancer": "runs HAProxy in front of irpe serve hosts in network namespaces (root; scripts/install-haproxy.sh)",
 }
 _SKIPS: list[tuple[str, str, bool]] = []  # (nodeid, reason, opted out)
 
