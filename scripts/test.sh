@@ -7,19 +7,20 @@
 #   container engine      podman + runc + containers.conf, or a running docker  scripts/container-setup.sh
 #   container base image  the Python base of the serving image (tests/deploy)   scripts/container-base.sh
 #   perf_analyzer image   NVIDIA's perf_analyzer wheel in a trixie container     scripts/perf-analyzer.sh --image
+#   haproxy               Debian's haproxy + iproute2 (tests/deploy/test_haproxy.py) scripts/install-haproxy.sh
 # then ruff and `pytest -m "not slow"`; without arguments tests/training runs in a pytest process of its own (run
 # after the server suite in one process it has crashed: docs/testing.md). Arguments go to one pytest process.
 #
 # IRPE_CI=1 (the default): the C resize extension must build; a set-up step that cannot be done stops the run
 # with one line (what is missing, how to install it, how to run without those tests); any skip other than no
 # GPU / no TensorRT fails the run (tests/conftest.py).
-# IRPE_TEST_WITHOUT=browser,container,perf_analyzer: leave those steps out on purpose; the skip gate then accepts the skips of
-# those tests only, and lists each one as "opted out". IRPE_CI=0: a failed step is reported, skips are tolerated.
+# IRPE_TEST_WITHOUT=browser,container,perf_analyzer,balancer: leave those steps out on purpose; the skip gate then
+# accepts the skips of those tests only, and lists each one as "opted out". IRPE_CI=0: a failed step is reported, skips are tolerated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export IRPE_CI="${IRPE_CI:-1}"
 export IRPE_TEST_WITHOUT="${IRPE_TEST_WITHOUT:-}"
-groups=(browser container perf_analyzer)
+groups=(browser container perf_analyzer balancer)
 
 note() { echo "test.sh: $*" >&2; }
 usec() { local t="${EPOCHREALTIME//[!0-9]/}"; echo "${t:-$((SECONDS * 1000000))}"; }
@@ -90,6 +91,7 @@ start=$(usec)
 step disk "" disk_room
 step venv "" scripts/setup-venv.sh export,train,plugins,dev,cpu
 step browser browser scripts/install-browser.sh || true
+step haproxy balancer scripts/install-haproxy.sh || true
 if step "container engine" container scripts/container-setup.sh; then
   step "container base image" container base_image || true
   step "perf_analyzer image" perf_analyzer pa_image || true
