@@ -28,6 +28,7 @@ from ..pipeline.service import Service, local_service
 from ..pipeline.sysshm import SharedMemoryRegistry
 from ..runtime import configure_logging
 from . import classify, infer_fast, kserve, routes, triton_ext
+from .apidocs import install_api_docs
 from .errors import drop_default_validation_error, install_error_handlers
 from .middleware import ObserveMiddleware
 from .tracing import TraceMiddleware, otlp_tracer
@@ -88,7 +89,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
         The app (its service loads in the lifespan unless loaded before).
     """
     settings = settings or Settings.from_env()
-    app = IrpeApp(title="irpe-deploy", version=irpe.__version__, lifespan=_lifespan,
+    app = IrpeApp(title="irpe-deploy", version=irpe.__version__, lifespan=_lifespan, docs_url=None, redoc_url=None,
                   description="Image classification with iRPE vision transformers. POST an image to "
                   "/classify; KServe v2 / Triton clients use /v2.")
     service = service or local_service(settings)
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     app.infer_stack = TraceMiddleware(ObserveMiddleware(infer_fast.InferEndpoint(service), service=service),
                                       tracer=tracer)
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
+    install_api_docs(app)  # /docs with its assets from this host (no CDN); no /redoc
     _declare_real_errors(app)
     return app
 

@@ -107,3 +107,31 @@ def test_drawn_digits_are_classified_by_the_shipped_model(tmp_path: Path) -> Non
         finally:
             browser.close()
     assert got == {d: d for d in DRAWINGS}, got
+
+
+def test_api_docs_render_with_no_other_host_reachable(server: ServerProcess, tmp_path: Path) -> None:
+    """/docs (Swagger UI) renders when every request to another host fails, as on an air-gapped host."""
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no chromium at {CHROMIUM} (run scripts/install-browser.sh)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    elsewhere: list[str] = []
+
+    def local_only(route) -> None:  # type: ignore[no-untyped-def]
+        if route.request.url.startswith(server.url):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True, timeout=60_000)
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 900})
+            page.route("**/*", local_only)
+            page.goto(server.url + "/docs", timeout=30_000)
+            page.locator(".swagger-ui .info .title").filter(has_text="irpe-deploy").wait_for(timeout=30_000)
+            page.locator(".opblock-summary-path").filter(has_text="/classify").first.wait_for(timeout=15_000)
+            page.screenshot(path=str(tmp_path / "docs.png"))
+        finally:
+            browser.close()
+    assert elsewhere == [], f"the page asked other hosts for {elsewhere}"
