@@ -1,8 +1,9 @@
-"""Writes docs/cli.md and docs/configuration.md from the code, so the pages cannot drift from it.
+"""Writes docs/cli.md, docs/configuration.md and docs/api/python.md from the code, so the pages cannot drift.
 
 docs/cli.md comes from the ``irpe`` argparse parser (every command: usage, each flag with its help, default
 and choices); docs/configuration.md from ``irpe serve``'s ``Settings`` (flag, ``IRPE_*`` variable, default,
-meaning) and from :data:`irpe.environment.VARIABLES` (the variables that are not settings).
+meaning) and from :data:`irpe.environment.VARIABLES` (the variables that are not settings); docs/api/python.md
+from the docstrings and signatures of the library functions the guides import (:mod:`irpe.api_reference`).
 
 Run ``.venv/bin/python -m irpe.docs_reference`` after adding or changing a flag, a setting or a variable;
 with ``--check`` it writes nothing, prints what is stale or missing and exits 1.
@@ -26,7 +27,7 @@ from pathlib import Path
 REGENERATE = ".venv/bin/python -m irpe.docs_reference"
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 GENERATED = f"Generated from the code by `{REGENERATE}`; do not edit by hand."
-PAGES = ("cli.md", "configuration.md")  # under docs/
+PAGES = ("cli.md", "configuration.md", "api/python.md")  # under docs/
 _VARIABLE = re.compile(r"\bIRPE_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
 
 
@@ -288,7 +289,9 @@ def render_configuration() -> str:
 
 def pages() -> dict[str, str]:
     """``{file name under docs/: its generated text}``."""
-    return dict(zip(PAGES, (render_cli(), render_configuration()), strict=True))
+    from irpe.api_reference import render_python_api
+
+    return dict(zip(PAGES, (render_cli(), render_configuration(), render_python_api(GENERATED)), strict=True))
 
 
 def stale_pages(docs: Path = DOCS) -> list[str]:
@@ -330,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name} is stale: run {REGENERATE}", file=sys.stderr)
         return 1 if stale else 0
     for name, text in pages().items():
+        (args.docs / name).parent.mkdir(parents=True, exist_ok=True)
         (args.docs / name).write_text(text, encoding="utf-8")
         print(args.docs / name)
     return 0

@@ -27,7 +27,7 @@ from irpe.docs_reference import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-FIX = f"run `{REGENERATE}` and commit docs/cli.md and docs/configuration.md"
+FIX = f"run `{REGENERATE}` and commit docs/cli.md, docs/configuration.md and docs/api/python.md"
 
 
 def package_files() -> list[Path]:
@@ -91,6 +91,7 @@ def test_cli_page_lists_every_command_and_flag():
 
 def test_check_mode_names_stale_pages_and_the_fix(tmp_path, capsys):
     for name, text in pages().items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text, encoding="utf-8")
     assert main(["--check", "--docs", str(tmp_path)]) == 0
     (tmp_path / "cli.md").write_text("edited by hand\n", encoding="utf-8")
