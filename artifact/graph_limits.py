@@ -2,14 +2,18 @@
 
 An artifact's graph is untrusted input. The rewrites walk it back from each candidate node to the lookups
 summed into it; a hostile graph can make such a walk exponential (an ``Add(x, x)`` chain doubles the paths per
-node), deep (thousands of chained Reshapes) or slow (many candidates reading the same large constant).
-:func:`summed_terms` walks without recursion, visits each node once per walk, stops at :data:`MAX_DEPTH` nodes
-back and :data:`MAX_TERMS` terms, and checks a :class:`Budget` as it goes. A rewrite that gives up raises
-:class:`RewriteRefused`; the engines then run the file as exported.
+node), deep (thousands of chained Reshapes) or slow (many candidates reading the same large constant), and
+a few KB of constants can ask for a table that grows with their product (two n-float one-hots make an (n, n)
+index). :func:`summed_terms` walks without recursion, visits each node once per walk, stops at :data:`MAX_DEPTH`
+nodes back and :data:`MAX_TERMS` terms, and checks a :class:`Budget` as it goes: a time budget, and a memory
+budget that every allocation growing with a constant's size or the graph's node count is reserved against
+before it is made. A rewrite that gives up raises :class:`RewriteRefused`; the engines then run the file as
+exported.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -18,24 +22,51 @@ from typing import Any
 MAX_DEPTH = 64  # nodes walked back from a candidate (an exported lookup is under 10 deep)
 MAX_TERMS = 4  # lookups summed into one node (the cross method's two per side: four)
 BUDGET_S = 20.0  # one model's rewrite (an exported DeiT-S, 90 MB: 2-3 s on 2 busy cores; it grows with the file)
+# What one model's rewrite may hold beyond the file's bytes and the rewritten copy of them: decoded constants, the
+# tables it builds (and the writer's copy of them), node records. Exported graphs at 384 px (n = 577 tokens, the
+# largest tables) reserve 99 MB (DeiT-B, iRPE on q, k and v, product method) to 172 MB (iRPE on q and v, euc
+# method: its (n, n, K) one-hot decoded); 224 px DeiT-S, 13 MB. 512 MB leaves 3x the largest.
+MEMORY_MB = 512
 
 
 class RewriteRefused(Exception):
-    """A graph rewrite gave up (over its time budget): the file as exported is used instead."""
+    """A graph rewrite gave up (over its time or memory budget): the file as exported is used instead."""
 
 
 class Budget:
-    """A rewrite's deadline, checked as it goes."""
+    """A rewrite's deadline and the memory it may hold, checked as it goes."""
 
-    def __init__(self, seconds: float = BUDGET_S):
-        self.seconds = seconds
+    def __init__(self, seconds: float = BUDGET_S, memory_mb: float = MEMORY_MB):
+        self.seconds, self.memory_mb = seconds, memory_mb
         self.deadline = time.monotonic() + seconds
+        self.held = 0  # bytes reserved and not released
+
+    @classmethod
+    def unlimited(cls) -> Budget:
+        """A budget that never runs out (the wire reader used on its own, e.g. by tests)."""
+        return cls(math.inf, math.inf)
 
     def check(self) -> None:
         """Raises:
             RewriteRefused: the deadline has passed."""
         if time.monotonic() > self.deadline:
             raise RewriteRefused(f"the graph rewrite took longer than its {self.seconds:g} s budget")
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        """Count ``nbytes`` the rewrite is about to allocate for ``what``; call before allocating.
+
+        Raises:
+            RewriteRefused: the deadline has passed, or the bytes held would exceed the memory budget.
+        """
+        self.check()
+        if self.held + nbytes > self.memory_mb * 2**20:
+            raise RewriteRefused(f"{what} would take {nbytes / 2**20:,.0f} MB, over the graph rewrite's "
+                                 f"{self.memory_mb:g} MB memory budget ({self.held / 2**20:,.0f} MB held)")
+        self.held += nbytes
+
+    def release(self, nbytes: int) -> None:
+        """Give back ``nbytes`` of a :meth:`reserve` whose arrays are no longer held."""
+        self.held = max(0, self.held - nbytes)
 
 
 @dataclass(frozen=True)

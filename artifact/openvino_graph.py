@@ -20,12 +20,15 @@ row r's weights for (key row, column bucket) pairs, W[a(r, key row), column buck
 patch-bucket sums are zero) get zeros. Same sums, another order: 1e-6 in f32.
 
 The graph is untrusted: the walks keep :mod:`.graph_limits` (each node once per walk, no recursion, a depth
-and a term limit, a time budget), and a rewrite that gives up or fails in any way leaves the model as OpenVINO
-reads the file, said in one warning line.
+and a term limit, a time budget), the tables built from the graph's constants (the (n, n) index, the grouped
+weights, whose size is a product of the constants' dimensions) are reserved against its memory budget before
+they are allocated, and a rewrite that gives up or fails in any way leaves the model as OpenVINO reads the
+file, said in one warning line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Hashable
 from typing import Any
@@ -39,13 +42,15 @@ log = logging.getLogger("irpe.artifact")
 ROWS_PERM = [2, 3, 0, 1]  # (N, H, n, K') -> (n, K', N, H) and (n, n, N, H) -> (N, H, n, n)
 
 
-def read_model(core: Any, onnx_path: Any, budget_s: float = graph_limits.BUDGET_S) -> Any:
+def read_model(core: Any, onnx_path: Any, budget_s: float = graph_limits.BUDGET_S,
+               memory_mb: float = graph_limits.MEMORY_MB) -> Any:
     """How the server's engine, the export's bf16 fidelity check and the benches read an artifact.
 
     Args:
         core: an ``openvino.Core``.
         onnx_path: the artifact's model.onnx.
         budget_s: how long the rewrite may take before the model as read from the file is used.
+        memory_mb: what the tables the rewrite builds may hold (:class:`.graph_limits.Budget`).
 
     Returns:
         The ``openvino.Model`` with its lookups rewritten; as read from the file when the rewrite gives up or
@@ -56,7 +61,7 @@ def read_model(core: Any, onnx_path: Any, budget_s: float = graph_limits.BUDGET_
     """
     model = core.read_model(str(onnx_path))
     try:
-        budget = Budget(budget_s)
+        budget = Budget(budget_s, memory_mb)
         last_axis_lookups(model, budget)
         grouped_value_sums(model, budget)
     except Exception as e:  # RewriteRefused, or a graph no exported model has: the file as exported still serves
@@ -72,7 +77,7 @@ def last_axis_lookups(model: Any, budget: Budget | None = None) -> int:
 
     Args:
         model: an ``openvino.Model``.
-        budget: the time the rewrite may take (:data:`.graph_limits.BUDGET_S` when None).
+        budget: the time and memory the rewrite may take (:class:`.graph_limits.Budget`'s defaults when None).
 
     Returns:
         The number of lookups rewritten.
@@ -83,7 +88,7 @@ def last_axis_lookups(model: Any, budget: Budget | None = None) -> int:
     import openvino.opset13 as ops
 
     budget = budget or Budget()
-    shared: dict[bytes, Any] = {}  # one (n, n) index constant per distinct table, as in the ONNX graph
+    shared: dict[tuple[int, bytes], Any] = {}  # one (n, n) index constant per distinct table (by digest)
     count = 0
     for node in model.get_ordered_ops():
         budget.check()
@@ -92,8 +97,9 @@ def last_axis_lookups(model: Any, budget: Budget | None = None) -> int:
             continue
         total = None
         for lut, index, n in found:
-            key = index.tobytes()
+            key = (n, hashlib.sha256(np.ascontiguousarray(index)).digest() + index.dtype.str.encode())
             if key not in shared:
+                budget.reserve(2 * 8 * n * n, f"a ({n}, {n}) lookup index")  # the array and OpenVINO's copy
                 shared[key] = ops.constant(index.reshape(n, n).astype(np.int64))
             flat = ops.reshape(lut, ops.constant(np.array([0, 0, -1], np.int64)), special_zero=True)
             term = ops.gather(flat, shared[key], ops.constant(np.int64(2)))
@@ -160,7 +166,7 @@ def grouped_value_sums(model: Any, budget: Budget | None = None) -> int:
 
     Args:
         model: an ``openvino.Model``.
-        budget: the time the rewrite may take (:data:`.graph_limits.BUDGET_S` when None).
+        budget: the time and memory the rewrite may take (:class:`.graph_limits.Budget`'s defaults when None).
 
     Returns:
         The number of value sums rewritten.
@@ -174,7 +180,7 @@ def grouped_value_sums(model: Any, budget: Budget | None = None) -> int:
     count = 0
     for node in model.get_ordered_ops():
         budget.check()
-        found = _separable_values(node)
+        found = _separable_values(node, budget)
         if found is None:
             continue
         col_sums, weights, skip, n = found
@@ -193,7 +199,7 @@ def grouped_value_sums(model: Any, budget: Budget | None = None) -> int:
     return count
 
 
-def _separable_values(node: Any) -> tuple[Any, np.ndarray, int, int] | None:
+def _separable_values(node: Any, budget: Budget) -> tuple[Any, np.ndarray, int, int] | None:
     """For the (K', d) MatMul of a separable value sum: (the key-column sums (n, N*H*gh, m_b), the grouped
     weights (gh, gh*m_b, d), the number of prefix queries, n); else None."""
     if node.get_type_name() != "MatMul" or not _constant(node.input_value(1).get_node()):
@@ -211,13 +217,14 @@ def _separable_values(node: Any) -> tuple[Any, np.ndarray, int, int] | None:
         return None
     return _grouped_weights(rows.input_value(0).get_node().get_data(),
                             col_sums.get_node().input_value(1).get_node().get_data(),
-                            node.input_value(1).get_node().get_data(), col_sums)
+                            node.input_value(1).get_node().get_data(), col_sums, budget)
 
 
-def _grouped_weights(row_hot: np.ndarray, col_hot: np.ndarray, w: np.ndarray,
-                     col_sums: Any) -> tuple[Any, np.ndarray, int, int] | None:
+def _grouped_weights(row_hot: np.ndarray, col_hot: np.ndarray, w: np.ndarray, col_sums: Any,
+                     budget: Budget | None = None) -> tuple[Any, np.ndarray, int, int] | None:
     """row_hot (n, 1, m_a, gh), col_hot (n, gw, m_b), w (m_a*m_b, d) -> (col_sums, (gh, gh*m_b, d), prefix, n)
-    when every query of a grid row has the same one-hot rows and prefix queries have none; else None."""
+    when every query of a grid row has the same one-hot rows and prefix queries have none; else None. The
+    grouped weights (gh * gh * m_b * d floats, a product of the constants' sizes) are reserved first."""
     if row_hot.ndim != 4 or row_hot.shape[1] != 1 or col_hot.ndim != 3 or w.ndim != 2:
         return None
     n, _, ma, gh = row_hot.shape
@@ -229,5 +236,7 @@ def _grouped_weights(row_hot: np.ndarray, col_hot: np.ndarray, w: np.ndarray,
     if not (grid == grid[:, :1]).all() or not (grid.sum(axis=2) == 1).all():
         return None
     bucket = grid[:, 0].argmax(axis=1)  # (gh query rows, gh key rows): the row bucket a
+    size = 2 * 4 * gh * gh * mb * w.shape[1]  # the array and OpenVINO's constant
+    (budget or Budget()).reserve(size, f"grouped value weights ({gh}, {gh * mb}, {w.shape[1]})")
     weights = w.reshape(ma, mb, -1)[bucket]  # (gh, gh, m_b, d)
     return col_sums, np.ascontiguousarray(weights.reshape(gh, gh * mb, -1), dtype=np.float32), skip, n

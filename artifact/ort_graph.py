@@ -19,8 +19,9 @@ The graph is read and written in the wire format (:mod:`.onnx_wire`: the serving
 ``IRPE_ORT_OPS=0`` turns the rewrite off; without the compiled library it is off too.
 
 The graph is untrusted: the walks keep :mod:`.graph_limits` (each node once per walk, no recursion, a depth
-and a term limit, a time budget), and a rewrite that gives up or fails in any way leaves ONNX Runtime the file
-as exported, said in one warning line.
+and a term limit, a time budget), every array that grows with a constant (a decoded constant, an index table,
+the writer's copy of it) is reserved against its memory budget before it is allocated, and a rewrite that gives
+up or fails in any way leaves ONNX Runtime the file as exported, said in one warning line.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ log = logging.getLogger("irpe.artifact")
 DOMAIN = "irpe.ort"
 MAX_TERMS = graph_limits.MAX_TERMS  # lookups summed into one node: LookupAdd, LookupAdd2 .. LookupAdd4 (_ortops.c)
 QUERY_MAJOR = [2, 0, 1, 3]  # attn (N, H, n, n) -> (n, N, H, n)
+BLOCK = 1 << 20  # one-hot elements checked at once
 
 
 def library() -> str | None:
@@ -52,12 +54,14 @@ def library() -> str | None:
     return _ortops.__file__
 
 
-def prepare(onnx_path: str | Path, budget_s: float = graph_limits.BUDGET_S) -> tuple[str | bytes, str | None]:
+def prepare(onnx_path: str | Path, budget_s: float = graph_limits.BUDGET_S,
+            memory_mb: float = graph_limits.MEMORY_MB) -> tuple[str | bytes, str | None]:
     """What ONNX Runtime reads for ``onnx_path``.
 
     Args:
         onnx_path: the artifact's model.onnx.
         budget_s: how long the rewrite may take before the file as exported is used.
+        memory_mb: what the rewrite may hold beyond the file and its rewritten copy (:class:`.graph_limits.Budget`).
 
     Returns:
         (what to hand ``onnxruntime.InferenceSession``, the library to register on its SessionOptions or None):
@@ -69,7 +73,7 @@ def prepare(onnx_path: str | Path, budget_s: float = graph_limits.BUDGET_S) -> t
         return str(onnx_path), None
     try:
         data = Path(onnx_path).read_bytes()
-        out = rewrite(data, Budget(budget_s))
+        out = rewrite(data, Budget(budget_s, memory_mb))
     except (OSError, Malformed):  # unreadable, or not an ONNX file: ONNX Runtime reads the path and says so
         return str(onnx_path), None
     except Exception as e:  # RewriteRefused, or a graph no exported model has: the file as exported still serves
@@ -85,7 +89,8 @@ def rewrite(data: bytes, budget: Budget | None = None) -> bytes | None:
 
     Args:
         data: a ModelProto's bytes.
-        budget: the time the rewrite may take (:data:`.graph_limits.BUDGET_S` when None).
+        budget: the time and memory the rewrite may take (:data:`.graph_limits.BUDGET_S`,
+            :data:`.graph_limits.MEMORY_MB` when None).
 
     Returns:
         The rewritten model's bytes, or None when it has no lookups (or none the limits let through).
@@ -94,7 +99,8 @@ def rewrite(data: bytes, budget: Budget | None = None) -> bytes | None:
         Malformed: ``data`` is not well-formed protobuf with one graph.
         RewriteRefused: the budget ran out.
     """
-    graph = Graph(onnx_wire.read(data), budget or Budget())
+    budget = budget or Budget()
+    graph = Graph(onnx_wire.read(data, budget), budget)
     count = 0
     for node in list(graph.nodes):
         graph.budget.check()
@@ -105,6 +111,7 @@ def rewrite(data: bytes, budget: Budget | None = None) -> bytes | None:
     if not count:
         return None
     nodes, unused = graph.live()
+    graph.budget.release(sum(array.nbytes for array in graph.added.values()))  # the writer reserves its copy
     return onnx_wire.write(graph.model, nodes, graph.added, unused, {DOMAIN: 1})
 
 
@@ -129,7 +136,7 @@ class Graph:
         if name not in self._consts:
             node = self.made_by(name, "Constant")
             if node is not None and "value" in node.tensors:
-                self._consts[name] = onnx_wire.tensor(self.model.buf, *node.tensors["value"])
+                self._consts[name] = onnx_wire.tensor(self.model.buf, *node.tensors["value"], budget=self.budget)
             else:
                 self._consts[name] = self.model.array(name) if name else None
         return self._consts[name]
@@ -137,6 +144,11 @@ class Graph:
     def add_const(self, array: np.ndarray, name: str) -> str:
         self.added.setdefault(name, array)
         return name
+
+    def reserve_table(self, nbytes: int, what: str) -> None:
+        """Reserve a table about to be built and the writer's copy of it: a table that could not be written
+        is never built."""
+        self.budget.reserve(2 * nbytes, what)
 
     def replace(self, old: Node, new: Node) -> None:
         i = self._position.pop(id(old))
@@ -175,6 +187,7 @@ def _lookup(graph: Graph, add: Node) -> int:
             continue
         inputs = [scores]
         for lut, index, name in found:
+            graph.reserve_table(4 * index.size, "a lookup's index")
             inputs += [lut, graph.add_const(index.reshape(-1).astype(np.int32), f"{name}/irpe_ort")]
         op = "LookupAdd" if len(found) == 1 else f"LookupAdd{len(found)}"
         graph.replace(add, Node(op, inputs, list(add.outputs), name=f"{add.name}/irpe_ort", domain=DOMAIN))
@@ -268,16 +281,29 @@ def _separable(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     if found is None or found[2] != gw or row_hot.shape[:3] != (n, 1, m) or found[1] + gh * gw != n:
         return None
     attn, skip, _ = found
+    graph.reserve_table(4 * n * n, f"the value sums' ({n}, {n}) bucket index")
     index = np.full((n, n), -1, np.int32)
-    for i in range(n):  # a query's keys: all in buckets (a patch query) or none (a prefix query)
-        graph.budget.check()
-        rows_i, cols_i = row_hot[i, 0].T, col_hot[i]  # (gh, m), (gw, m)
-        if not (rows_i.any() or cols_i.any()):
-            continue
-        if not (_one_hot_rows(rows_i, exact=True) and _one_hot_rows(cols_i, exact=True)):
+    rows, step = row_hot[:, 0].transpose(0, 2, 1), max(1, BLOCK // max(1, (gh + gw) * m + gh * gw))  # (n, gh, m)
+    for i in range(0, n, step):  # a query's keys: all in buckets (a patch query) or none (a prefix query)
+        part_rows, part_cols = rows[i:i + step], col_hot[i:i + step]
+        work = 16 * (part_rows.size + part_cols.size + len(part_rows) * gh * gw)  # copies, checks, the products
+        graph.budget.reserve(work, "the value sums' one-hot check")
+        active = i + np.flatnonzero(part_rows.reshape(len(part_rows), -1).any(1)
+                                    | part_cols.reshape(len(part_cols), -1).any(1))
+        if len(active) and not _bucket_rows(rows[active], col_hot[active], index[:, skip:], active, m):
             return None
-        index[i, skip:] = (rows_i.argmax(1)[:, None] * m + cols_i.argmax(1)[None, :]).reshape(-1)
+        graph.budget.release(work)
     return attn, index, m * m
+
+
+def _bucket_rows(rows: np.ndarray, cols: np.ndarray, index: np.ndarray, queries: np.ndarray, m: int) -> bool:
+    """Fill ``index``'s rows ``queries`` from their one-hot key rows (q, gh, m) and columns (q, gw, m): bucket
+    row * m + bucket column for each (key row, key column); False where one is not one 1 among 0s."""
+    if not (_one_hot_rows(rows, exact=True) and _one_hot_rows(cols, exact=True)):
+        return False
+    buckets = rows.argmax(2).astype(np.int32)[:, :, None] * m + cols.argmax(2).astype(np.int32)[:, None]
+    index[queries] = buckets.reshape(len(queries), -1)
+    return True
 
 
 def _one_hot(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
@@ -285,10 +311,29 @@ def _one_hot(graph: Graph, node: Node) -> tuple[str, np.ndarray, int] | None:
     matched before the constant is read (every weight matrix is some MatMul's second input)."""
     found = _query_rows(graph, _input(node, 0)) if node.op_type == "MatMul" else None
     hot = graph.const(_input(node, 1)) if found is not None and not found[1] else None
-    if hot is None or hot.ndim != 3 or hot.shape[0] != hot.shape[1] or hot.shape[0] != found[2] \
-            or not _one_hot_rows(hot, exact=True):
+    if hot is None or hot.ndim != 3 or hot.shape[0] != hot.shape[1] or hot.shape[0] != found[2]:
         return None
-    return found[0], hot.argmax(-1).astype(np.int32), hot.shape[2]
+    graph.reserve_table(4 * hot.shape[0] * hot.shape[1], f"the value sums' {hot.shape[:2]} bucket index")
+    index = _bucket_index(hot, graph.budget)
+    return (found[0], index, hot.shape[2]) if index is not None else None
+
+
+def _bucket_index(hot: np.ndarray, budget: Budget) -> np.ndarray | None:
+    """The bucket of each row of the one-hot ``hot`` (n, n, K) as int32 (n, n), or None where a row is not
+    one 1 among 0s; checked a block of rows at a time, its work arrays reserved against ``budget``."""
+    index = np.empty(hot.shape[:2], np.int32)
+    step = max(1, BLOCK // max(1, hot[0].size))
+    for i in range(0, len(hot), step):
+        part = hot[i:i + step]
+        work = 3 * part.size + 16 * part.shape[0] * part.shape[1]  # three boolean arrays, counts and argmax
+        budget.reserve(work, "the one-hot check")
+        ok = _one_hot_rows(part, exact=True)
+        if ok:
+            index[i:i + step] = part.argmax(-1)
+        budget.release(work)
+        if not ok:
+            return None
+    return index
 
 
 def _one_hot_rows(hot: np.ndarray, exact: bool = False) -> bool:

@@ -4,10 +4,14 @@ as numbers, wire types and byte spans. Used to find an ONNX file's external tens
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 MAX_FIELD = 2**29 - 1  # the largest field number protobuf reads
+TICK = 4096  # fields between two calls of a scan's ``tick``
+CHUNK = 1 << 18  # bytes of packed varints decoded at once (the work arrays: about 60 bytes per byte)
 
 
 class Malformed(Exception):
@@ -28,12 +32,18 @@ def varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
     raise Malformed
 
 
-def fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+def fields(buf: Any, start: int, end: int,
+           tick: Callable[[], None] | None = None) -> Iterator[tuple[int, int, int, int, int]]:
     """(field number, wire type, a, b, where the field starts) per field of ``buf[start:end]``: a varint's value
     in ``a``, a length-delimited field's bytes at ``buf[a:b]``; fixed-width fields and groups are skipped over.
-    Malformed for anything that is not well-formed (then a parser refuses it too)."""
-    pos = start
+    Malformed for anything that is not well-formed (then a parser refuses it too). ``tick``, when given, is
+    called every :data:`TICK` fields, skipped ones included (a budget check: it may raise)."""
+    pos, count = start, 0
     while pos < end:
+        if tick is not None:
+            count += 1
+            if not count % TICK:
+                tick()
         at = pos
         key, pos = varint(buf, pos, end)
         number, wire = key >> 3, key & 7
@@ -51,18 +61,22 @@ def fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int,
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
         elif wire == 3:
-            pos = _skip_group(buf, pos, end, number)
+            pos = _skip_group(buf, pos, end, number, tick)
         else:
             raise Malformed
     if pos != end:
         raise Malformed
 
 
-def _skip_group(buf: Any, pos: int, end: int, number: int) -> int:
+def _skip_group(buf: Any, pos: int, end: int, number: int, tick: Callable[[], None] | None = None) -> int:
     """Position after the END_GROUP that closes group ``number`` (deprecated wire types 3/4); the groups
     inside it must close in order and every field fit, as protobuf reads them."""
-    groups = [number]
+    groups, count = [number], 0
     while pos < end:
+        if tick is not None:
+            count += 1
+            if not count % TICK:
+                tick()
         key, pos = varint(buf, pos, end)
         field, wire = key >> 3, key & 7
         if not 0 < field <= MAX_FIELD:
@@ -86,3 +100,37 @@ def _skip_group(buf: Any, pos: int, end: int, number: int) -> int:
         else:
             raise Malformed
     raise Malformed
+
+
+def varint_count(buf: Any, start: int, end: int) -> int:
+    """How many varints the packed field ``buf[start:end]`` holds (its bytes below 0x80)."""
+    data = np.frombuffer(buf, np.uint8, end - start, start)
+    return sum(int(np.count_nonzero(data[i:i + CHUNK] < 0x80)) for i in range(0, len(data), CHUNK))
+
+
+def varint_array(buf: Any, start: int, end: int, tick: Callable[[], None] | None = None) -> np.ndarray:
+    """The packed varints of ``buf[start:end]`` as uint64 (each one's low 64 bits, as :func:`varint` reads
+    them), decoded with NumPy :data:`CHUNK` bytes at a time, ``tick`` called between chunks. Its size is
+    :func:`varint_count`. Malformed where :func:`varint` would be (one longer than 10 bytes, or cut off)."""
+    data = np.frombuffer(buf, np.uint8, end - start, start)
+    out = np.empty(varint_count(buf, start, end), np.uint64)
+    pos = done = 0
+    while pos < len(data):
+        if tick is not None:
+            tick()
+        chunk = data[pos:pos + CHUNK]
+        ends = np.flatnonzero(chunk < 0x80)
+        if not len(ends) or (pos + len(chunk) == len(data) and ends[-1] != len(chunk) - 1):
+            raise Malformed  # no varint ends in the chunk (longer than 10 bytes), or the last one is cut off
+        chunk = chunk[:ends[-1] + 1]
+        if len(ends) == len(chunk):  # one byte each
+            out[done:done + len(ends)] = chunk
+        else:
+            starts = np.concatenate(([0], ends[:-1] + 1))
+            lengths = ends - starts + 1
+            if lengths.max() > 10:
+                raise Malformed
+            shift = (np.arange(len(chunk)) - np.repeat(starts, lengths)).astype(np.uint64) * np.uint64(7)
+            out[done:done + len(ends)] = np.add.reduceat((chunk & 0x7F).astype(np.uint64) << shift, starts)
+        pos, done = pos + len(chunk), done + len(ends)
+    return out

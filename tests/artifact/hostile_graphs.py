@@ -85,3 +85,56 @@ def model_bytes(nodes: list, inits: dict) -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+def separable_bomb(n: int) -> tuple[list, dict]:
+    """(nodes, initializers) of images -> logits with the value side's separable pattern in the middle: two
+    one-hot constants of n zeros each (8n bytes in the file) that ask the ONNX Runtime rewrite for an (n, n)
+    bucket index (4n² bytes: 256 MB at n = 8192, a 66 KB file). Cheap for ONNX Runtime to run as exported
+    (n floats); the pattern's sum is zero, added to the logits."""
+    inits = {"attn_shape": _ints(1, 1, 1, n), "start": _ints(n - 1), "end": _ints(n), "axes": _ints(3),
+             "rows_shape": _ints(1, -1, 1), "regroup_shape": _ints(n, 1, 1, 1), "flat_shape": _ints(1, -1),
+             "col_hot": np.zeros((n, 1, 1), np.float32), "row_hot": np.zeros((n, 1, 1, 1), np.float32),
+             "W": np.full((3, NUM_CLASSES), 0.5, np.float32)}
+    nodes = [helper.make_node("ConstantOfShape", ["attn_shape"], ["attn"]),
+             helper.make_node("Slice", ["attn", "start", "end", "axes"], ["keys"]),
+             helper.make_node("Transpose", ["keys"], ["keys_t"], perm=[2, 0, 1, 3]),
+             helper.make_node("Reshape", ["keys_t", "rows_shape"], ["rows"]),
+             helper.make_node("MatMul", ["rows", "col_hot"], ["col_sums"]),
+             helper.make_node("Reshape", ["col_sums", "regroup_shape"], ["regroup"]),
+             helper.make_node("MatMul", ["row_hot", "regroup"], ["row_sums"]),
+             helper.make_node("Reshape", ["row_sums", "flat_shape"], ["sums"]),
+             helper.make_node("ReduceSum", ["sums"], ["total"], keepdims=0),
+             helper.make_node("ReduceMean", ["images"], ["pooled"], axes=[2, 3], keepdims=0),
+             helper.make_node("MatMul", ["pooled", "W"], ["scores"]),
+             helper.make_node("Add", ["scores", "total"], ["logits"])]
+    return nodes, inits
+
+
+def typed_index_model(values: int, packed: bool = True) -> bytes:
+    """The exported lookup (:func:`lookup_graph` with :func:`plain`) whose Gather index has ``values`` entries
+    of 5 stored in ``int32_data`` instead of raw bytes: packed (one byte each) or unpacked (a key byte and a
+    value byte each; written here, as protobuf would re-pack it). The runtime would refuse the index's size;
+    the rewrite reads it first."""
+    from onnx import ModelProto, TensorProto
+
+    from irpe.artifact.protowire import fields
+
+    model = ModelProto()
+    model.ParseFromString(model_bytes(*lookup_graph(plain)))
+    (old,) = [t for t in model.graph.initializer if t.name == "index"]
+    model.graph.initializer.remove(old)
+    data = model.SerializeToString()
+    index = TensorProto(name="index", data_type=TensorProto.INT32, dims=[values]).SerializeToString()
+    index += b"\x2a" + _varint(values) + b"\x05" * values if packed else b"\x28\x05" * values  # int32_data
+    ((start, end, at),) = [(a, b, at) for n, w, a, b, at in fields(data, 0, len(data)) if n == 7 and w == 2]
+    graph = data[start:end] + b"\x2a" + _varint(len(index)) + index  # GraphProto.initializer
+    return data[:at] + b"\x3a" + _varint(len(graph)) + graph + data[end:]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))

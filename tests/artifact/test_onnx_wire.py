@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe.artifact import onnx_wire
@@ -57,3 +59,19 @@ def test_write_swaps_nodes_adds_and_drops_initializers_and_keeps_the_rest() -> N
 def test_what_is_not_a_model_is_malformed(data: bytes) -> None:
     with pytest.raises(Malformed):
         onnx_wire.read(data)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(st.sampled_from([TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT]),
+       st.lists(st.integers(-2**63, 2**63 - 1), max_size=12), st.booleans())
+def test_typed_data_decodes_as_onnx_decodes_it(dtype: int, values: list[int], raw: bool) -> None:
+    """int32_data, int64_data and float_data (packed, as onnx writes them) or raw_data: onnx's array."""
+    kind = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64, TensorProto.FLOAT: np.float32}[dtype]
+    if dtype == TensorProto.INT32:
+        values = [v % 2**32 - (v % 2**32 >= 2**31) * 2**32 for v in values]
+    want = np.array(values, np.float64 if dtype == TensorProto.FLOAT else kind).astype(kind)
+    proto = helper.make_tensor("t", dtype, [len(values)], want.tobytes() if raw else want.tolist(), raw=raw)
+    data = proto.SerializeToString()
+    got = onnx_wire.tensor(data, 0, len(data))
+    assert got is not None and got.dtype == kind
+    np.testing.assert_array_equal(got, numpy_helper.to_array(proto))
