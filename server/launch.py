@@ -113,9 +113,9 @@ def _check_repository_fits(settings: Settings, frontends: int) -> None:
     if settings.default_model and settings.default_model not in names:
         raise SystemExit(f"irpe serve: error: --default-model {settings.default_model!r} is not in {root} "
                          f"(models: {names}); fix --default-model")
+    _check_load_model(settings, names)
     if is_plain_artifact(root):
         return
-    _check_load_model(settings, names)
     several = len(names) > 1 or settings.model_control != "none"
     if several and settings.workers > 1:
         raise SystemExit("irpe serve: error: --workers loads the repository once per process and model control "

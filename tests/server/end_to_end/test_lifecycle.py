@@ -127,13 +127,19 @@ def test_a_port_in_use_is_one_error_line_and_never_ready(tiny_artifact: Path, la
     assert "Traceback" not in out.stderr
 
 
-def test_load_model_without_explicit_model_control_is_refused(tiny_artifact: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "irpe.cli", "serve", str(tiny_artifact), "--port", "0",
-                          "--load-model", "foo"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0, out.stderr
-    assert out.stderr.strip().splitlines() == [
+def test_load_model_that_does_nothing_is_refused(tiny_artifact: Path) -> None:
+    """On a plain artifact: without explicit model control, and naming a model the artifact is not."""
+    def refused(*flags: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "irpe.cli", "serve", str(tiny_artifact), "--port", "0", *flags],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0, out.stderr
+        return out.stderr.strip().splitlines()
+
+    assert refused("--load-model", "foo") == [
         "irpe serve: error: --load-model picks the models loaded at startup with --model-control explicit "
         "(got none); add --model-control explicit"]
+    assert refused("--load-model", "foo", "--model-control", "explicit") == [
+        f"irpe serve: error: --load-model 'foo' is not in {tiny_artifact} (models: ['tiny-mean']); fix --load-model"]
 
 
 def test_bad_artifact_dir_is_a_one_line_error(tmp_path: Path) -> None:
