@@ -90,8 +90,7 @@ def _serve_one(settings: Settings) -> None:
         server.run()
     except SystemExit:  # uvicorn's exit 3: its lifespan or its bind failed, and it logged why
         if not server.started and not getattr(getattr(server, "lifespan", None), "should_exit", True):
-            print(f"irpe serve: error: cannot listen on {settings.host}:{settings.port} (the error above); pick "
-                  "another --port, or stop the process that holds it", file=sys.stderr)
+            _cannot_listen(settings)
         raise
     if server.failure:
         raise SystemExit(f"irpe serve: error: {server.failure}")
@@ -143,6 +142,16 @@ def _run_workers(settings: Settings) -> None:
 
     config = uvicorn.Config("irpe.server.http.app:create_app_from_env", factory=True, workers=settings.workers,
                             **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    sock = config.bind_socket()
+    try:
+        sock = config.bind_socket()
+    except SystemExit:  # uvicorn logged the bind error
+        _cannot_listen(settings)
+        raise
     announce(sock.getsockname())
     Multiprocess(config, sockets=[sock]).run()
+
+
+def _cannot_listen(settings: Settings) -> None:
+    """The one line after uvicorn's bind error (exit 3 follows)."""
+    print(f"irpe serve: error: cannot listen on {settings.host}:{settings.port} (the error above); pick another "
+          "--port, or stop the process that holds it", file=sys.stderr)

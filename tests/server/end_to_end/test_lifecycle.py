@@ -112,15 +112,15 @@ def test_gpu_request_without_gpu_fails_startup(tiny_artifact: Path) -> None:
         assert "Traceback" not in out and " ERROR " not in out, out
 
 
-@pytest.mark.parametrize("layout", ["0", "2"])
-def test_a_port_in_use_is_one_error_line_and_never_ready(tiny_artifact: Path, layout: str) -> None:
+@pytest.mark.parametrize("layout", [("--frontends", "0"), ("--frontends", "2"), ("--frontends", "0", "--workers", "2")],
+                         ids=["one-process", "frontends", "workers"])
+def test_a_port_in_use_is_one_error_line_and_never_ready(tiny_artifact: Path, layout: tuple[str, ...]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
         out = subprocess.run([sys.executable, "-m", "irpe.cli", "serve", str(tiny_artifact), "--host", "127.0.0.1",
-                              "--port", port, "--frontends", layout], cwd=REPO, capture_output=True, text=True,
-                             timeout=90)
+                              "--port", port, *layout], cwd=REPO, capture_output=True, text=True, timeout=90)
     errors = [line for line in out.stderr.splitlines() if line.startswith("irpe serve: error: ")]
     assert out.returncode == 3 and len(errors) == 1 and port in errors[0] and "--port" in errors[0], out.stderr
     assert "ready: " not in out.stderr and "listening on" not in out.stdout + out.stderr, out.stderr
