@@ -155,9 +155,35 @@ def tensor(buf: bytes, start: int, end: int, budget: Budget | None = None) -> np
         RewriteRefused: ``budget`` ran out (its memory before the array is allocated).
     """
     budget = budget or Budget.unlimited()
+    found = _tensor_fields(buf, start, end, budget)
+    if found is None:
+        return None
+    dims, dtype, raw, typed = found
+    kind = np.dtype(_DTYPES[dtype]).newbyteorder("<")
+    if raw is None and dtype == 1:
+        return _shaped(_floats(buf, typed[4], budget), dims)
+    if raw is not None:
+        count, rest = divmod(raw[1] - raw[0], kind.itemsize)
+        if rest or count != math.prod(dims):
+            return None
+        budget.reserve(raw[1] - raw[0], "a constant decoded")
+        return np.frombuffer(buf, kind, count, raw[0]).astype(kind.newbyteorder("=")).reshape(dims)
+    values = _typed_values(buf, typed[5 if dtype == 6 else 7], math.prod(dims), budget)
+    if values is None or dtype == 7:
+        return _shaped(values.view(np.int64) if values is not None else None, dims)
+    budget.reserve(4 * values.size, "a constant decoded")  # int32_data: each value's low 32 bits, as protobuf
+    out = values.astype(np.uint32).view(np.int32)  # reads an int32
+    budget.release(values.nbytes)
+    return _shaped(out, dims)
+
+
+def _tensor_fields(buf: bytes, start: int, end: int,
+                   budget: Budget) -> tuple[list[int], int, tuple[int, int] | None, dict[int, list[Any]]] | None:
+    """(dims, data type, raw_data's span, {float_data, int32_data, int64_data: packed spans and unpacked
+    values}) of a TensorProto, or None where :func:`tensor` gives None without decoding anything."""
     dims: list[int] = []
     dtype, raw = 0, None
-    typed: dict[int, list[Any]] = {4: [], 5: [], 7: []}  # float_data, int32_data, int64_data: packed spans, values
+    typed: dict[int, list[Any]] = {4: [], 5: [], 7: []}
     for number, wire, a, b, _ in fields(buf, start, end, budget.check):
         if number == 1:
             dims += [_signed(a)] if wire == 0 else [_signed(int(v)) for v in _few_varints(buf, a, b, MAX_RANK)]
@@ -175,22 +201,7 @@ def tensor(buf: bytes, start: int, end: int, budget: Budget | None = None) -> np
             return None  # external data
     if dtype not in _DTYPES or any(d < 0 for d in dims):
         return None
-    kind = np.dtype(_DTYPES[dtype]).newbyteorder("<")
-    if raw is None and dtype == 1:
-        return _shaped(_floats(buf, typed[4], budget), dims)
-    if raw is not None:
-        if (raw[1] - raw[0]) % kind.itemsize or (raw[1] - raw[0]) // kind.itemsize != math.prod(dims):
-            return None
-        budget.reserve(raw[1] - raw[0], "a constant decoded")
-        count = (raw[1] - raw[0]) // kind.itemsize
-        return np.frombuffer(buf, kind, count, raw[0]).astype(kind.newbyteorder("=")).reshape(dims)
-    values = _typed_values(buf, typed[5 if dtype == 6 else 7], math.prod(dims), budget)
-    if values is None or dtype == 7:
-        return _shaped(values.view(np.int64) if values is not None else None, dims)
-    budget.reserve(4 * values.size, "a constant decoded")  # int32_data: each value's low 32 bits, as protobuf
-    out = values.astype(np.uint32).view(np.int32)  # reads an int32
-    budget.release(values.nbytes)
-    return _shaped(out, dims)
+    return dims, dtype, raw, typed
 
 
 def _shaped(arr: np.ndarray | None, dims: list[int]) -> np.ndarray | None:
