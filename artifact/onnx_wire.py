@@ -260,7 +260,7 @@ def _tensor_parts(name: str, arr: np.ndarray) -> list[Any]:
     data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
     dims = b"".join(_key(1, 0) + _varint(d) for d in arr.shape)
     head = dims + _key(2, 0) + _varint(_TYPE_CODE[arr.dtype]) + _field(8, _utf8(name))
-    return [head, *_field_parts(9, [memoryview(data).cast("B")])]
+    return [head, *_field_parts(9, [memoryview(data.reshape(-1)).cast("B") if data.size else b""])]
 
 
 def _node(buf: bytes, start: int, end: int, budget: Budget) -> Node:
