@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import grpc
 
+from ..pipeline.peer import listening_endpoint
 from ..pipeline.service import Service
 from ..pipeline.sysshm import SharedMemoryRegistry
 from .gate import CallGate
@@ -41,6 +42,7 @@ async def start_grpc(service: Service, shm: SharedMemoryRegistry, port: int,
     bound = server.add_insecure_port(address(s.host, port))
     if not bound:
         raise RuntimeError(f"cannot listen for gRPC on {address(s.host, port)}")
+    servicer.endpoint = listening_endpoint(s.host, bound)  # client shared memory's peer lookup
     await server.start()
     return server, bound
 

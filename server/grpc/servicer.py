@@ -24,6 +24,7 @@ from tritonclient.grpc import service_pb2_grpc
 from ..errors import APIError
 from ..pipeline import oip
 from ..pipeline.control import check_admin, run_control
+from ..pipeline.peer import Endpoint
 from ..pipeline.service import Service
 from ..pipeline.sysshm import SharedMemoryRegistry
 from . import client_shm, codec
@@ -80,6 +81,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, service: Service, shm: SharedMemoryRegistry):
         self.service = service
         self.shm = shm  # client shared memory, the HTTP front end's too
+        self.endpoint: Endpoint | None = None  # the listener's one local address, once bound (client_shm)
         self._series: dict[tuple[str, grpc.StatusCode], tuple[Any, Any]] = {}
 
     def observe(self, route: str, code: grpc.StatusCode, seconds: float) -> None:
@@ -156,18 +158,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @rpc()
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
                                          context: Any) -> pb.SystemSharedMemoryRegisterResponse:
-        await client_shm.register(self.shm, request, context.peer())
+        await client_shm.register(self.shm, request, context.peer(), self.endpoint)
         return pb.SystemSharedMemoryRegisterResponse()
 
     @rpc()
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        context: Any) -> pb.SystemSharedMemoryStatusResponse:
-        return codec.shm_status(await client_shm.status(self.shm, request.name or None, context.peer()))
+        regions = await client_shm.status(self.shm, request.name or None, context.peer(), self.endpoint)
+        return codec.shm_status(regions)
 
     @rpc()
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
                                            context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
-        await client_shm.unregister(self.shm, request.name or None, context.peer())
+        await client_shm.unregister(self.shm, request.name or None, context.peer(), self.endpoint)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc()
@@ -196,7 +199,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             assert artifact is not None
             loop = asyncio.get_running_loop()
             raw = codec.raw_inputs(req) if raw is None else raw
-            regions = await client_shm.request_regions(self.shm, req)  # None unless it names a region
+            regions = await client_shm.request_regions(self.shm, req, self.endpoint)  # None unless it names one
             args = (req, artifact, oip.max_images(service), regions, raw)
             images = codec.decode_infer(*args) if codec.inline(raw) and regions is None else \
                 await loop.run_in_executor(service.pool, codec.decode_infer, *args)  # a region: read in the pool

@@ -1,10 +1,14 @@
 """Who is on the other end of a loopback TCP connection: the uid that owns the client's socket.
 
 The client's socket is the one whose local address is the client's ``(host, port)`` as the server sees it and
-whose remote address is the server's; the kernel lists every TCP socket of this network namespace with its
-owner's uid in ``/proc/net/tcp`` and ``/proc/net/tcp6``. Only ESTABLISHED sockets count (a socket in TIME_WAIT
-shows uid 0). Client shared memory (:mod:`.sysshm`) uses it to tie a region to the local user that registered
-it. A peer that is not on loopback, or that no single uid's socket matches, has no uid here.
+whose remote address is the server's. The kernel answers over netlink (:mod:`.sock_diag`): where the server's
+address is known (HTTP's accepted socket, a gRPC listener on one address), the one socket of that 4-tuple, a
+hash lookup whatever the number of sockets; otherwise (a gRPC listener on a wildcard address) the sockets with
+the client's port at one end, the server's side being the socket whose remote address is the client. Where
+netlink is not available, the same sockets are read from ``/proc/net/tcp`` and ``/proc/net/tcp6``, which list
+every TCP socket of the network namespace. Only ESTABLISHED sockets count (a socket in TIME_WAIT shows uid
+0). Client shared memory (:mod:`.sysshm`) uses it to tie a region to the local user that registered it. A peer
+that is not on loopback, or that no single uid's socket matches, has no uid here.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
+
+from . import sock_diag
 
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 ESTABLISHED = "01"  # the st column of /proc/net/tcp
@@ -84,14 +90,17 @@ def _read_tables(tables: Sequence[str], port: int) -> list[TcpSocket]:
     return sockets
 
 
-def loopback_uid(client: Endpoint, server: Endpoint | None = None, tables: Sequence[str] = TCP_TABLES) -> int | None:
+def loopback_uid(client: Endpoint, server: Endpoint | None = None,
+                 tables: Sequence[str] | None = None) -> int | None:
     """The uid owning the client's socket of a loopback TCP connection.
 
     Args:
         client: the client's address and port, as the server's socket reports its peer.
-        server: the server's address and port, as its socket reports them; None where the front end does not
-            know them (gRPC): then the server's side is the socket whose remote address is ``client``.
-        tables: the kernel's TCP socket tables to read.
+        server: the server's address and port, as its socket reports them (:func:`listening_endpoint` for a
+            listener); None where the front end does not know them (a gRPC listener on a wildcard address):
+            then the server's side is the socket whose remote address is ``client``.
+        tables: the kernel's TCP socket tables to read instead of asking over netlink (None: netlink, and
+            ``/proc/net/tcp`` and ``tcp6`` where netlink does not answer).
 
     Returns:
         The uid, or None when the client is not on loopback, no socket matches, or sockets of several uids match.
@@ -100,14 +109,54 @@ def loopback_uid(client: Endpoint, server: Endpoint | None = None, tables: Seque
     if client_addr is None or not client_addr.is_loopback or not 0 < client.port < 65536:
         return None
     me = (client_addr, client.port)
-    sockets = _read_tables(tables, client.port)  # the client's port is at one end of every socket that matters
-    if server is None:
-        servers = {sock.local for sock in sockets if sock.remote == me}
-    else:
+    server_at = None
+    if server is not None:
         server_addr = _address(server.host)
-        servers = {(server_addr, server.port)} if server_addr is not None else set()
+        if server_addr is None or not 0 < server.port < 65536:
+            return None
+        server_at = (server_addr, server.port)
+    if tables is None:
+        asked = _ask_kernel(me, server_at)
+        if asked is not False:
+            return asked
+        tables = TCP_TABLES
+    return _match(_read_tables(tables, client.port), me, server_at)
+
+
+def _ask_kernel(me: Address, server_at: Address | None) -> int | None | bool:
+    """The uid over netlink (:func:`loopback_uid`); False when netlink does not answer here."""
+    if server_at is not None:
+        found = sock_diag.connection(me, server_at)
+        return found if found is False else (found.uid if found is not None else None)
+    sockets = sock_diag.sockets_at(me[1])
+    if sockets is None:
+        return False
+    return _match([TcpSocket(s.local, s.remote, s.uid) for s in sockets], me, None)
+
+
+def _match(sockets: list[TcpSocket], me: Address, server_at: Address | None) -> int | None:
+    """The one uid of the sockets from ``me`` to the server (``server_at``, or any socket whose remote is me)."""
+    servers = {sock.local for sock in sockets if sock.remote == me} if server_at is None else {server_at}
     uids = {sock.uid for sock in sockets if sock.local == me and sock.remote in servers}
     return uids.pop() if len(uids) == 1 else None
+
+
+def listening_endpoint(host: str, port: int) -> Endpoint | None:
+    """The one local address of every connection a listener on ``host`` and ``port`` accepts, for
+    :func:`loopback_uid`'s ``server``.
+
+    Args:
+        host: the address the listener was bound to (``--host``).
+        port: its port.
+
+    Returns:
+        The endpoint, or None when connections may arrive on several addresses (a wildcard such as 0.0.0.0 or
+        ::, or a host name).
+    """
+    addr = _address(host)
+    if addr is None or addr.is_unspecified:
+        return None
+    return Endpoint(str(addr), port)
 
 
 def grpc_peer(peer: str) -> Endpoint | None:

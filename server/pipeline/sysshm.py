@@ -9,8 +9,9 @@ overwrite other programs' shared memory. Even when on:
 
 - every call names its ``owner``: the uid of the local client, found by the front end from the connection
   (:mod:`.peer`). A region is registered only from a file that uid owns (or whose name starts with the
-  operator's ``--shm-name-prefix``), and is used, listed and unregistered only by that uid: each uid has its
-  own region names, and unregistering all removes only the caller's;
+  operator's ``--shm-name-prefix`` and that has no other name: a hard link to another user's segment, where
+  ``fs.protected_hardlinks`` is 0, is refused), and is used, listed and unregistered only by that uid: each
+  uid has its own region names, and unregistering all removes only the caller's;
 - keys are one plain name in ``/dev/shm`` (no ``/`` inside, no leading dot), opened relative to that folder
   without following links, and must be a regular file; this server's own segments (``psm_*``, ``irpe*``,
   Triton's) are refused;
@@ -146,6 +147,10 @@ class SharedMemoryRegistry:
                 else ""
             raise _bad(f"shared memory key {key!r} is owned by uid {info.st_uid}, not by uid {owner} that asked to "
                        f"register it; create the segment as that user{where}", 403)
+        if info.st_uid != owner and info.st_nlink != 1:  # the prefix vouches for the name, not for other links
+            raise _bad(f"shared memory key {key!r} has {info.st_nlink} links: a segment registered by its "
+                       f"--shm-name-prefix name must be a file of that one name, not a hard link to another; create "
+                       "the segment under the prefix", 403)
         if offset + byte_size > info.st_size:
             raise _bad(f"shared memory region: offset {offset} + byte_size {byte_size} exceeds the "
                        f"{info.st_size} bytes of {key!r}")

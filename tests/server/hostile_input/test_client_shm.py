@@ -452,6 +452,13 @@ def test_the_operators_name_prefix_lets_any_local_uid_register(tiny_artifact: Pa
         assert status == 403 and "--shm-name-prefix" in body["error"], body
         assert call(other.url, "GET", "/v2/systemsharedmemory/status") == [200, []]  # still nobody's own region
         assert as_user(NOBODY.pw_uid, call, other.url, "GET", "/v2/systemsharedmemory/status")[1][0]["key"] == shared
+        linked = "/i41shared_link" + uuid.uuid4().hex[:8]  # a prefix name for root's 0600 segment: what a user
+        os.link(Path("/dev/shm", private[1:]), Path("/dev/shm", linked[1:]))  # makes where protected_hardlinks=0
+        try:
+            status, body = as_user(NOBODY.pw_uid, _register, other.url, "linked", linked)
+        finally:
+            Path("/dev/shm", linked[1:]).unlink()
+        assert status == 403 and "has 2 links" in body["error"], body
 
 
 @pytest.mark.parametrize("prefix", ["/abc", "ab", ".hidden", "a" * 65, "tea m", "é_team"])
