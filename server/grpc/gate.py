@@ -1,11 +1,22 @@
 """The call gate: every gRPC call of the listener (every service registered on it) passes here at call start,
 before any request message is read.
 
-- The key is checked on the call's metadata first (``authorization: Bearer <key>``); a call without it is
+- The size of the call's headers (its method and every metadata entry, each counted as HTTP/2 counts a header
+  field: name + value + 32 bytes) is checked first, against ``--max-header-kb`` (RESOURCE_EXHAUSTED past it):
+  gRPC core checks the same limit only once the client has acknowledged the server's SETTINGS. grpcio keeps
+  each call's metadata in a reference cycle (its handler lookup's closure), freed only by Python's cyclic
+  collector, which this server runs rarely (:func:`..memory.tune_gc`): every :data:`COLLECT_BYTES` of headers
+  received, the gate has the young generations collected (measured: 1 MB headers were otherwise kept, 53 MB per
+  connection of refused calls, without end).
+- The key is checked on the call's metadata next (``authorization: Bearer <key>``); a call without it is
   answered UNAUTHENTICATED at once, its message never read nor parsed. ServerLive, ServerReady and the
-  ``grpc.health.v1.Health`` service need no key (as HTTP's health routes); model load/unload need the admin
-  key where one is set (:func:`..pipeline.control.check_admin`).
-- A unary request's message must arrive within ``--body-timeout-s`` of the call's start, a stream's next
+  ``grpc.health.v1.Health`` service need no key (as HTTP's health routes: Kubernetes' gRPC probe sends none);
+  reflection needs it where one is set; model load/unload need the admin key where one is set
+  (:func:`..pipeline.control.check_admin`).
+- Every admitted call runs in one of two lanes with caps of their own (:mod:`.lanes`): keyed calls at most
+  ``--max-connections`` at once, calls without the key at most a few, per process and per connection, with
+  short deadlines and a lifetime, so they never take the room of keyed calls.
+- A keyed unary request's message must arrive within ``--body-timeout-s`` of the call's start, a stream's next
   message within ``--grpc-idle-timeout-s`` of the previous one (DEADLINE_EXCEEDED after).
 - Messages are parsed here, not by gRPC: a large one (:data:`OFF_LOOP_BYTES`) in a thread, off the event loop;
   one that does not parse is INVALID_ARGUMENT with one log line.
@@ -14,6 +25,7 @@ before any request message is read.
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,17 +37,19 @@ from ..auth import bearer_matches
 from ..config import Settings
 from ..errors import APIError
 from ..pipeline.control import check_admin
+from .lanes import Deadlines, KeylessLane, Lane, rebuilt
 from .limits import GrpcLimits
 from .status import grpc_code
 
 log = logging.getLogger("irpe.server")
 SERVICE = "/inference.GRPCInferenceService/"
 KEYLESS = frozenset({SERVICE + "ServerLive", SERVICE + "ServerReady"})
-KEYLESS_SERVICES = ("/grpc.health.v1.Health/",  # the standard health service, as HTTP /healthz
-                    "/grpc.reflection.v1alpha.ServerReflection/")  # the protocol's schema (grpcurl)
+HEALTH = "/grpc.health.v1.Health/"  # the standard health service, keyless as HTTP /healthz
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/"  # the protocol's schema (grpcurl): keyed where a key is set
+COLLECT_BYTES = 16 << 20  # headers received between two collections of the garbage they leave (module docstring)
+HEADER_FIELD_BYTES = 32  # what HTTP/2 adds to each header field's name and value when it counts a header list
 ADMIN = frozenset({SERVICE + "RepositoryModelLoad", SERVICE + "RepositoryModelUnload"})
 OFF_LOOP_BYTES = 1 << 20  # messages at least this large are parsed in a thread
-SWEEP_S = 0.25  # how often late request messages are looked for (a deadline is kept to within this)
 Observe = Callable[[str, grpc.StatusCode, float], None]
 
 
@@ -59,18 +73,36 @@ def authorization(metadata: Any) -> str:
     return next((v for k, v in metadata or () if k == "authorization" and isinstance(v, str)), "")
 
 
+def header_bytes(method: str, metadata: Any) -> int:
+    """The size of a call's headers as the gate counts them (module docstring).
+
+    Args:
+        method: the call's full method name (its ``:path``).
+        metadata: the call's invocation metadata, ``(name, value)`` pairs.
+
+    Returns:
+        The size in bytes.
+    """
+    metadata = metadata or ()
+    return len(method) + sum([len(k) + len(v) for k, v in metadata]) + HEADER_FIELD_BYTES * len(metadata)
+
+
 class CallGate(grpc.aio.ServerInterceptor):
     """The gate (see the module docstring); ``observe(route, code, seconds)`` counts the calls it refuses."""
 
     def __init__(self, settings: Settings, limits: GrpcLimits, observe: Observe):
         self.settings, self.limits, self.observe = settings, limits, observe
+        self.keyed, self.keyless = Lane(limits), KeylessLane(limits)
         self._bounded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._keyless: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self.deadlines = Deadlines()
+        self.headers_uncollected = 0  # bytes of headers received since the last collection they asked for
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
                                                              Awaitable[grpc.RpcMethodHandler]],
                                 handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        """The handler of the call: a refusal when the key does not fit, else the bounded handler.
+        """The handler of the call: a refusal when its headers are too large or its key does not fit, else the
+        bounded handler of its lane.
 
         Args:
             continuation: the next handler lookup.
@@ -79,46 +111,92 @@ class CallGate(grpc.aio.ServerInterceptor):
         Returns:
             The handler, or None for an unknown method (gRPC answers UNIMPLEMENTED).
         """
+        method, metadata = handler_call_details.method, handler_call_details.invocation_metadata
+        size = header_bytes(method, metadata)
+        self.headers_uncollected += size
+        if self.headers_uncollected >= COLLECT_BYTES:  # grpcio keeps each call's metadata in a reference cycle
+            self.headers_uncollected = 0
+            asyncio.get_running_loop().call_soon(gc.collect, 1)
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
         try:
-            self.check(method, handler_call_details.invocation_metadata)
+            self.check_headers(size)
+            keyless = self.check(method, metadata)
         except APIError as e:
             self.observe(method, grpc_code(e.status), 0.0)
             return refusal(handler, grpc_code(e.status), e.message)
+        if keyless:
+            cached = self._keyless.get(method)
+            if cached is None or cached[0] is not handler:
+                cached = self._keyless[method] = (handler, self.bounded(self.keyless_form(handler), self.keyless))
+            return cached[1]
         cached = self._bounded.get(method)
         if cached is None or cached[0] is not handler:
-            cached = self._bounded[method] = (handler, self.bounded(handler))
+            cached = self._bounded[method] = (handler, self.bounded(handler, self.keyed))
         return cached[1]
 
-    def check(self, method: str, metadata: Any) -> None:
-        """Whether the call's metadata may call ``method`` (module docstring: which methods need which key).
+    def check_headers(self, size: int) -> None:
+        """Whether the call's headers fit ``--max-header-kb``.
+
+        Args:
+            size: their size (:func:`header_bytes`).
+
+        Raises:
+            APIError: 431 (RESOURCE_EXHAUSTED) past the limit.
+        """
+        most = self.limits.max_metadata_bytes
+        if size > most:
+            raise APIError(431, "headers_too_large", f"the call's headers take {size} bytes, over the limit of "
+                           f"{most} (--max-header-kb {most // 1024})")
+
+    def check(self, method: str, metadata: Any) -> bool:
+        """Whether the call's metadata may call ``method`` (module docstring: which methods need which key), and
+        in which lane it runs.
 
         Args:
             method: the call's full method name, ``/package.Service/Method``.
             metadata: the call's invocation metadata.
 
+        Returns:
+            True for a call of the keyless lane: a keyless method without the key, or reflection where no key
+            is set; False for a keyed call.
+
         Raises:
             APIError: 401 without the key; 401 or 403 for model control without the admin key.
         """
-        if method in KEYLESS or method.startswith(KEYLESS_SERVICES):
-            return
+        key = self.settings.api_key
+        if method in KEYLESS or method.startswith(HEALTH):
+            return not (key and bearer_matches(authorization(metadata), key))
         if method in ADMIN:
             check_admin(self.settings, authorization(metadata))
-            return
-        key = self.settings.api_key
-        if key and not bearer_matches(authorization(metadata), key):
+            return False
+        if not key:
+            return method.startswith(REFLECTION)
+        if not bearer_matches(authorization(metadata), key):
             raise APIError(401, "unauthorized", "missing or wrong API key; send the metadata "
                            "'authorization: Bearer <key>'")
+        return False
 
-    def bounded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``handler`` as a request-streaming handler that reads its messages itself: in time, parsed off the
-        loop when large (module docstring).
+    def keyless_form(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` as the keyless lane runs it: small messages only, within the lane's lifetime.
 
         Args:
             handler: the service's handler of the method.
+
+        Returns:
+            The handler to bound (:meth:`bounded`) with the keyless lane.
+        """
+        behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+        return rebuilt(handler, self.keyless.timed(behavior), self.keyless.parse(handler.request_deserializer))
+
+    def bounded(self, handler: grpc.RpcMethodHandler, lane: Lane) -> grpc.RpcMethodHandler:
+        """``handler`` as a request-streaming handler that runs in ``lane`` and reads its messages itself: in
+        time, parsed off the loop when large (module docstring).
+
+        Args:
+            handler: the service's handler of the method.
+            lane: the lane its calls run in (their cap and message deadlines).
 
         Returns:
             The handler the call runs (gRPC passes it the raw messages).
@@ -128,48 +206,68 @@ class CallGate(grpc.aio.ServerInterceptor):
             behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
 
             async def requests_of(context: Any) -> Any:
-                return self.each(context, parse)
+                return self.each(context, parse, lane)
         else:
             behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
 
             async def requests_of(context: Any) -> Any:
-                return await self.first(context, parse)
+                return await self.first(context, parse, lane)
             if not handler.response_streaming:  # the common case, with one coroutine less
-                return self._unary(behavior, parse, handler.response_serializer)
+                return self._unary(behavior, parse, handler.response_serializer, lane)
+        return self._streaming(behavior, requests_of, handler, lane)
+
+    @staticmethod
+    def _streaming(behavior: Callable[..., Any], requests_of: Callable[[Any], Awaitable[Any]],
+                   handler: grpc.RpcMethodHandler, lane: Lane) -> grpc.RpcMethodHandler:
+        """The bounded handler of a streaming RPC: ``behavior`` given ``requests_of(context)``, in ``lane``."""
         if inspect.isasyncgenfunction(behavior):
             async def answers(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+                await _enter(lane, context)
                 try:
                     async for answer in behavior(await requests_of(context), context):
                         yield answer
                 except MessageError as e:
                     await _end(context, e)
+                finally:
+                    lane.leave(context)
             return grpc.stream_stream_rpc_method_handler(answers, None, handler.response_serializer)
 
         async def answer(requests: AsyncIterator[bytes], context: Any) -> Any:
+            await _enter(lane, context)
             try:
                 return await behavior(await requests_of(context), context)
             except MessageError as e:
                 await _end(context, e)
+            finally:
+                lane.leave(context)
         make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else \
             grpc.stream_unary_rpc_method_handler
         return make(answer, None, handler.response_serializer)
 
     def _unary(self, behavior: Callable[..., Awaitable[Any]], parse: Callable[[bytes], Any] | None,
-               serialize: Callable[[Any], bytes] | None) -> grpc.RpcMethodHandler:
+               serialize: Callable[[Any], bytes] | None, lane: Lane) -> grpc.RpcMethodHandler:
         async def unary(requests: AsyncIterator[bytes], context: Any) -> Any:
+            refused = lane.enter(context)
+            if refused is not None:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
             try:
-                request = await self.first(context, parse)
-            except MessageError as e:
-                await _end(context, e)
-            return await behavior(request, context)
+                try:
+                    request = await self.first(context, parse, lane)
+                except MessageError as e:
+                    await _end(context, e)
+                return await behavior(request, context)
+            finally:
+                lane.leave(context)
         return grpc.stream_unary_rpc_method_handler(unary, None, serialize)
 
-    async def first(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None) -> Any:
+    async def first(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None,
+                    lane: Lane) -> Any:
         """A unary call's request, parsed.
 
         Args:
             context: the call.
             parse: the method's request deserializer (None: the raw bytes).
+            lane: the call's lane (the message's deadline).
 
         Returns:
             The request.
@@ -177,18 +275,19 @@ class CallGate(grpc.aio.ServerInterceptor):
         Raises:
             MessageError: late, not parseable, or missing.
         """
-        request = await self.next_message(context, parse, self.limits.message_timeout_s, "--body-timeout-s")
+        request = await self.next_message(context, parse, lane.message_timeout_s, lane.message_flag)
         if request is grpc.aio.EOF:
             raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
         return request
 
-    async def each(self, context: grpc.aio.ServicerContext,
-                   parse: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:
+    async def each(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None,
+                   lane: Lane) -> AsyncIterator[Any]:
         """A stream's requests, parsed, each in time.
 
         Args:
             context: the call.
             parse: the method's request deserializer (None: the raw bytes).
+            lane: the call's lane (each message's deadline).
 
         Yields:
             Each request, until the client ends its side.
@@ -196,8 +295,8 @@ class CallGate(grpc.aio.ServerInterceptor):
         Raises:
             MessageError: a request late or not parseable.
         """
-        while (request := await self.next_message(context, parse, self.limits.idle_timeout_s,
-                                                  "--grpc-idle-timeout-s")) is not grpc.aio.EOF:
+        while (request := await self.next_message(context, parse, lane.stream_timeout_s,
+                                                  lane.stream_flag)) is not grpc.aio.EOF:
             yield request
 
     async def next_message(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None,
@@ -238,52 +337,15 @@ class CallGate(grpc.aio.ServerInterceptor):
                                f"{e or 'not a protobuf message of this RPC'}") from None
 
 
-class Deadlines:
-    """The calls waiting for a request message, each with its deadline. One sweep every :data:`SWEEP_S` (while
-    any wait) cancels the late ones, instead of a timer per call (measured: a timer per call cost ~15 us)."""
-
-    def __init__(self) -> None:
-        self._due: dict[asyncio.Task[Any], float] = {}
-        self._cancelled: set[asyncio.Task[Any]] = set()
-        self._sweeper: asyncio.Task[None] | None = None
-
-    def watch(self, seconds: float) -> asyncio.Task[Any]:
-        """Start the deadline of the current task's wait; returns the task."""
-        task = asyncio.current_task()
-        assert task is not None
-        loop = task.get_loop()
-        self._due[task] = loop.time() + seconds
-        if self._sweeper is None:
-            self._sweeper = loop.create_task(self._sweep())
-        return task
-
-    def forget(self, task: asyncio.Task[Any]) -> None:
-        """The wait of ``task`` ended."""
-        self._due.pop(task, None)
-        self._cancelled.discard(task)
-
-    def expired(self, task: asyncio.Task[Any]) -> bool:
-        """Whether the sweep cancelled ``task`` (then its cancellation is taken back: the call goes on to end
-        with DEADLINE_EXCEEDED)."""
-        if task not in self._cancelled:
-            return False
-        task.uncancel()
-        return True
-
-    async def _sweep(self) -> None:
-        try:
-            while self._due:
-                await asyncio.sleep(SWEEP_S)
-                now = asyncio.get_running_loop().time()
-                for task in [t for t, due in self._due.items() if due <= now and t not in self._cancelled]:
-                    self._cancelled.add(task)
-                    task.cancel()
-        finally:
-            self._sweeper = None
-
-
 async def _end(context: grpc.aio.ServicerContext, error: MessageError) -> None:
     await context.abort(error.code, error.message)
+
+
+async def _enter(lane: Lane, context: grpc.aio.ServicerContext) -> None:
+    """Count the call into ``lane``, or end it RESOURCE_EXHAUSTED (then it never entered)."""
+    refused = lane.enter(context)
+    if refused is not None:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
 
 
 def refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:

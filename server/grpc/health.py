@@ -11,12 +11,12 @@ SERVICE_UNKNOWN, as the health protocol says.
 Watch sends the status when the call starts and then only when it changes. It holds no queue: a stream wakes
 on every change of what the host serves and, between changes, every :data:`WATCH_POLL_S` seconds (a dead
 inference thread is found by looking, as ``/readyz`` finds it). When the server stops, every Watch sends
-NOT_SERVING and ends, so an open Watch does not hold the shutdown for its grace period. Open Watch streams are
-at most half of ``--max-connections`` (the listener's concurrent RPCs), so keyless streams cannot take every RPC
-slot from inference; one more is refused with RESOURCE_EXHAUSTED.
+NOT_SERVING and ends, so an open Watch does not hold the shutdown for its grace period.
 
-Both services are keyless, as the HTTP health probes are: Kubernetes' gRPC probe and ``grpc_health_probe``
-send no metadata.
+Health is keyless, as the HTTP health probes are: Kubernetes' gRPC probe and ``grpc_health_probe`` send no
+metadata. A call without the key runs in the call gate's keyless lane (:mod:`.lanes`): a few at once per process
+and per connection, so keyless streams cannot take the room of inference, and a Watch lasts at most
+``--grpc-idle-timeout-s`` (the client watches again). Reflection needs the key where one is set.
 """
 
 from __future__ import annotations
@@ -54,8 +54,6 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         self.service, self.poll_s = service, poll_s
         self.names = frozenset({SERVER, SERVICE})
         self.stopping = False
-        self.max_watches = max(1, service.settings.max_connections // 2)
-        self.watches = 0  # open Watch streams
         self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()  # replaced on every change: set wakes every Watch waiting on it
         service.host.subscribe(self._on_host_change)
@@ -86,18 +84,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
-        if self.watches >= self.max_watches:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"{self.watches} health Watch streams are open, the most this server keeps (half of "
-                                f"--max-connections); use Check, or close another Watch")
-        self.watches += 1
-        try:
-            await self._watch(request.service, context)
-        finally:
-            self.watches -= 1
-
-    async def _watch(self, name: str, context: grpc.aio.ServicerContext) -> None:
-        """Send ``name``'s status now and on every change until the server stops."""
+        """Send the status of ``request.service`` now and on every change until the server stops."""
+        name = request.service
         last: Status | None = None
         while True:
             changed = self._changed  # taken before the read: a change during the write below still wakes us
@@ -130,7 +118,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
 
 def add_standard_services(server: grpc.aio.Server, service: Service) -> None:
-    """Add ``grpc.health.v1.Health`` and server reflection (both keyless) to a gRPC server not yet started.
+    """Add ``grpc.health.v1.Health`` and server reflection to a gRPC server not yet started.
 
     Args:
         server: the gRPC server that also serves ``inference.GRPCInferenceService``.

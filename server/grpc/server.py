@@ -1,10 +1,12 @@
 """Start and stop the gRPC server of one front-end process, on the event loop that serves HTTP.
 
 Messages are limited to ``--max-body-mb`` (a larger one is refused by gRPC with RESOURCE_EXHAUSTED before
-it is read whole), and concurrent RPCs to ``--max-connections`` (more: RESOURCE_EXHAUSTED). The connection
-limits are gRPC core's (:mod:`.limits`); every call passes the call gate (:mod:`.gate`: the key at call start,
-message deadlines, parsing) whichever service answers it. With ``--frontends`` every front end binds the same
-port with ``SO_REUSEPORT`` (the kernel spreads connections).
+it is read whole). The connection limits are gRPC core's (:mod:`.limits`); every call passes the call gate
+(:mod:`.gate`: the size of its headers and its key at call start, message deadlines, parsing) whichever service
+answers it, and runs in one of its lanes (:mod:`.lanes`): keyed calls at most ``--max-connections`` at once,
+calls without the key in a small lane of their own. gRPC's own ``maximum_concurrent_rpcs`` is not used: it
+counts every call, keyless and refused ones included, so keyless calls could take the room of keyed ones. With
+``--frontends`` every front end binds the same port with ``SO_REUSEPORT`` (the kernel spreads connections).
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ async def start_grpc(service: Service, shm: SharedMemoryRegistry, port: int,
     limits = GrpcLimits.from_settings(s)
     servicer = InferenceServicer(service, shm)
     gate = CallGate(s, limits, servicer.observe)
-    server = grpc.aio.server(options=limits.channel_options(reuse_port), interceptors=(gate,),
-                             maximum_concurrent_rpcs=s.max_connections)
+    server = grpc.aio.server(options=limits.channel_options(reuse_port), interceptors=(gate,))
     add_services(server, servicer)
     bound = server.add_insecure_port(address(s.host, port))
     if not bound:

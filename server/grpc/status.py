@@ -13,6 +13,7 @@ CODES = {
     413: grpc.StatusCode.INVALID_ARGUMENT,  # more images than max_batch_size (--max-queue), as Triton's batch check
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
+    431: grpc.StatusCode.RESOURCE_EXHAUSTED,  # headers over --max-header-kb
     499: grpc.StatusCode.CANCELLED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,  # queue full, warming up, model not ready, shutting down

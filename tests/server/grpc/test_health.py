@@ -1,8 +1,8 @@
 """``grpc.health.v1.Health`` and server reflection on ``irpe serve --grpc-port``, proven by grpcio's own health
 stub and reflection client against a real ``irpe serve`` on 127.0.0.1: Check follows readiness (the default
 model unloaded and loaded again over HTTP), Watch sends only changes and ends when the server stops, unknown
-services are NOT_FOUND, health and reflection need no key while inference does, and reflection resolves the
-KServe v2 messages."""
+services are NOT_FOUND, health needs no key while inference and reflection do (where a key is set), calls
+without the key are capped per connection, and reflection resolves the KServe v2 messages."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from irpe.server.grpc.limits import KEYLESS_PER_CONNECTION
 from tests.reliability.procs import ServerProcess, server_env, serving, start_server
 from tests.server.grpc.test_servicer import grpc_address
 
@@ -29,7 +30,7 @@ HEALTH = "grpc.health.v1.Health"
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 GRACE_S = 30  # --timeout-s: how long a stop would wait for an open Watch that did not end by itself
-MAX_CONNECTIONS = 4  # --max-connections: at most 2 open Watch streams
+MAX_CONNECTIONS = 4  # --max-connections: keyed calls running at once
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +138,11 @@ def test_watch_of_an_unknown_service_answers_service_unknown(channel: grpc.Chann
         watch.thread.join(10)
 
 
-def first_watch_answer(channel: grpc.Channel) -> int | grpc.StatusCode:
-    """The first status a new Watch sends, or the code it ends with instead (the call is then cancelled)."""
-    call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+def first_watch_answer(channel: grpc.Channel, key: str = "") -> int | grpc.StatusCode:
+    """The first status a new Watch sends, or the code it ends with instead (the call is then cancelled);
+    ``key``: sent as the call's key."""
+    metadata = (("authorization", f"Bearer {key}"),) if key else None
+    call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10, metadata=metadata)
     try:
         return next(call).status
     except grpc.RpcError as e:
@@ -148,12 +151,16 @@ def first_watch_answer(channel: grpc.Channel) -> int | grpc.StatusCode:
         call.cancel()
 
 
-def test_open_watch_streams_are_capped_at_half_of_max_connections(channel: grpc.Channel) -> None:
-    watches = [Watcher(channel) for _ in range(MAX_CONNECTIONS // 2)]
+def test_keyless_calls_are_capped_per_connection(server: ServerProcess, channel: grpc.Channel) -> None:
+    """KEYLESS_PER_CONNECTION Watch streams without the key fill their connection's keyless room: one more is
+    RESOURCE_EXHAUSTED, while a Watch with the key (the keyed lane) and a Check over another connection answer."""
+    watches = [Watcher(channel) for _ in range(KEYLESS_PER_CONNECTION)]
     try:
         assert [w.next() for w in watches] == [SERVING] * len(watches)
         assert first_watch_answer(channel) == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert check(channel) == SERVING  # Check is not a stream: still answered
+        assert first_watch_answer(channel, key=KEY) == SERVING
+        with grpc.insecure_channel(grpc_address(server), options=[("grpc.use_local_subchannel_pool", 1)]) as other:
+            assert check(other) == SERVING
     finally:
         for w in watches:
             w.call.cancel()
@@ -164,8 +171,22 @@ def test_open_watch_streams_are_capped_at_half_of_max_connections(channel: grpc.
     assert answer == SERVING
 
 
+class Keyed(grpc.StreamStreamClientInterceptor):
+    """Sends the key with every streaming call (grpcio's reflection client takes no metadata)."""
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        metadata = [*(details.metadata or ()), ("authorization", f"Bearer {KEY}")]
+        return continuation(details._replace(metadata=metadata), requests)
+
+
+def test_reflection_needs_the_key_where_one_is_set(channel: grpc.Channel) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_reflection_lists_the_services_and_resolves_model_infer(channel: grpc.Channel) -> None:
-    database = ProtoReflectionDescriptorDatabase(channel)  # sends no key
+    database = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, Keyed()))
     assert {SERVICE, HEALTH} <= set(database.get_services())
     pool = descriptor_pool.DescriptorPool(database)
     infer = pool.FindServiceByName(SERVICE).methods_by_name["ModelInfer"]
