@@ -21,7 +21,7 @@ from irpe.server.grpc.limits import KEYLESS_CALLS, KEYLESS_PER_CONNECTION
 from tests.reliability.procs import ServerProcess, server_env, serving
 from tests.server import grpc_h2 as h2
 from tests.server.grpc.test_servicer import grpc_address
-from tests.server.grpc_hostile import infer_request, status_of
+from tests.server.grpc_hostile import frame, infer_request, status_of
 
 KEY = "keyless-test-key"
 # The goals are 100 ms (a keyed call) and 50 ms (/healthz); the medians are held to them, the worst answer to 300
@@ -294,3 +294,26 @@ def test_refused_headers_hold_no_memory_and_a_silent_client_is_closed(keyed: Ser
     # per connection until Python's own collection comes (+650 MB by the 11th)
     assert max(rss) - rss[0] < 350, rss
     assert closed and time.monotonic() - start < HEADER_S + 2
+
+
+def test_an_endless_header_block_is_closed_at_the_idle_timeout(keyed: ServerProcess) -> None:
+    """A HEADERS frame followed by CONTINUATION frames that never end the block: gRPC core reads and discards
+    them (memory stays flat), and since no call has started, the connection is idle: GOAWAY and closed after
+    --grpc-idle-timeout-s (gRPC core adds up to 10% jitter)."""
+    sock = h2.connect(_port(keyed))
+    sock.sendall(frame(h2.HEADERS, h2.call_headers(h2.INFERENCE + "ServerLive"), 0, 1))
+    chunk = frame(h2.CONTINUATION, h2.literal("x-more", "y" * 16000), 0, 1) * 16
+    before, start, sent, closed = keyed.rss_mb(), time.monotonic(), 0, False
+    try:
+        while not closed and time.monotonic() - start < IDLE_S + 6:
+            sock.sendall(chunk)
+            sent += len(chunk)
+            _, closed = h2.drain(sock, 0.01)
+    except OSError:
+        closed = True
+    finally:
+        sock.close()
+    took, grown = time.monotonic() - start, keyed.rss_mb() - before
+    print(f"closed after {took:.1f} s and {sent >> 20} MB of header block; rss +{grown:.0f} MB")
+    assert closed and took < IDLE_S * 1.1 + 3, took
+    assert grown < 50, grown
