@@ -67,7 +67,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.limits = limits or Limits()
         self._head_bytes = 0  # raw bytes of the head so far (reads while it is incomplete)
-        self._head_parsed = 0  # the head's bytes as parsed (request line and headers), whatever the read size
         self._in_head = True
         self._refused = False  # answered 431 and closing: the parser's remaining callbacks are ignored
         self._timer: asyncio.TimerHandle | None = None
@@ -133,17 +132,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(431, "Request Header Fields Too Large", f"request line and headers exceed "
                      f"{self.limits.max_header_bytes} bytes (--max-header-kb)")
 
-    def on_url(self, url: bytes) -> None:
-        self._head_parsed += len(url)
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
-        if self._head_parsed > self.limits.max_header_bytes:
-            self._refuse_head()
-        elif not self._refused:
-            super().on_header(name, value)
-
     def on_message_begin(self) -> None:
         super().on_message_begin()
         # the connection's own addresses, for client shared memory (http/shm_access.py, which keeps the peer's uid
@@ -157,14 +145,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout_s, "head")
 
     def on_headers_complete(self) -> None:
-        # the request line's method, two spaces, "HTTP/x.y" and CRLF, and the blank line that ends the head
-        self._head_parsed += len(self.parser.get_method()) + 14
-        if self._head_parsed > self.limits.max_header_bytes:
-            self._refuse_head()
         if self._refused:
             return
+        # the head as parsed: "METHOD URL HTTP/x.y" CRLF (2 spaces, 8, 2), "name: value" CRLF each, the blank line
+        size = len(self.parser.get_method()) + len(self.url) + 14 + sum(len(n) + len(v) for n, v in self.headers)
+        if size + 4 * len(self.headers) > self.limits.max_header_bytes:
+            self._refuse_head()
+            return
         self._in_head = False
-        self._head_bytes = self._head_parsed = 0
+        self._head_bytes = 0
         self._arm(self.limits.body_timeout_s, "body")
         super().on_headers_complete()
         self._chunks = [] if self._collect_whole() else None
