@@ -1,6 +1,7 @@
 """server/http/protocol.py over a real socket pair and uvicorn's machinery: a body of declared size reaches the
 application as one ASGI message however it was split on the wire; other bodies keep uvicorn's path; the bytes
-are the ones sent."""
+are the ones sent; a head over --max-header-kb is 431 whatever the read size, and the application never sees
+it."""
 
 from __future__ import annotations
 
