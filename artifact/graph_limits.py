@@ -24,8 +24,8 @@ MAX_TERMS = 4  # lookups summed into one node (the cross method's two per side: 
 BUDGET_S = 20.0  # one model's rewrite (an exported DeiT-S, 90 MB: 2-3 s on 2 busy cores; it grows with the file)
 # What one model's rewrite may hold beyond the file's bytes and the rewritten copy of them: decoded constants, the
 # tables it builds (and the writer's copy of them), node records. Exported graphs at 384 px (n = 577 tokens, the
-# largest tables) reserve 99 MB (DeiT-B, iRPE on q, k and v, product method) to 172 MB (iRPE on q and v, euc
-# method: its (n, n, K) one-hot decoded); 224 px DeiT-S, 13 MB. 512 MB leaves 3x the largest.
+# largest tables) reserve 107 MB (DeiT-B, iRPE on q, k and v, product method) to 172 MB (iRPE on q and v, euc
+# method: its (n, n, K) one-hot decoded); 224 px DeiT-S, 14 MB. 512 MB leaves 3x the largest.
 MEMORY_MB = 512
 
 

@@ -36,7 +36,7 @@ _DTYPES = {1: np.float32, 6: np.int32, 7: np.int64}  # TensorProto.DataType -> N
 _TYPE_CODE = {np.dtype(v): k for k, v in _DTYPES.items()}
 MAX_RANK = 16  # dims of a tensor decoded here (the rewrites match rank 4 at most)
 MAX_INTS = 64  # values of an INTS attribute kept (a perm has 4; a longer one makes the node unmatched)
-NODE_BYTES = 512  # a node record's Python objects, reserved with 16 bytes per byte of the node (its strings)
+NODE_BYTES = 768  # a node record and its rewrite index entries; reserved with 16 bytes per byte of it (strings)
 NAME_BYTES = 256  # an initializer's or output's entry
 
 
