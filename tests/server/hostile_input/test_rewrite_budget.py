@@ -1,8 +1,8 @@
-"""A real ``irpe serve --model-control poll`` on 127.0.0.1 with a 66 KB model.onnx placed in its repository
-whose ONNX Runtime rewrite would build a 256 MB (n, n) table (512 MB with the writer's copy;
-tests/artifact/hostile_graphs.py): the rewrite is refused by its memory budget before the table is built, the
-model serves as exported with one warning line, the server's peak RSS barely moves, and the model already
-served keeps answering."""
+"""A real ``irpe serve`` on 127.0.0.1 with a 66 KB model.onnx whose ONNX Runtime rewrite would build a 256 MB
+(n, n) table (512 MB with the writer's copy; tests/artifact/hostile_graphs.py), placed in the repository of a
+``--model-control poll`` server or served as its directory: the rewrite is refused by its memory budget before
+the table is built, the model serves as exported with one warning line, the server's peak RSS barely moves, and
+the model already served keeps answering."""
 
 from __future__ import annotations
 
