@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.kube import kserve_pod
+
 REPO = Path(__file__).resolve().parents[2]
 KSERVE = REPO / "deploy" / "kserve"
 yaml = pytest.importorskip("yaml", reason="pyyaml is in the dev extra")
@@ -41,20 +43,6 @@ def _runtime() -> dict:
 
 def _isvc(name: str = "inferenceservice.yaml") -> dict:
     return _docs()[name]
-
-
-def _merged_pod(runtime: dict, isvc: dict) -> dict:
-    """The pod KServe builds: the runtime's pod and container, overlaid with the InferenceService's predictor
-    (pod fields) and model (container fields; KServe-only fields such as storageUri dropped)."""
-    container_fields = set(k8s_models.V1Container.attribute_map.values())
-    pod_fields = set(k8s_models.V1PodSpec.attribute_map.values())
-    predictor = isvc["spec"]["predictor"]
-    (container,) = copy.deepcopy(runtime["spec"]["containers"])
-    container.update({k: v for k, v in predictor["model"].items() if k in container_fields})
-    spec = {k: v for k, v in runtime["spec"].items() if k in pod_fields}
-    spec.update({k: v for k, v in predictor.items() if k in pod_fields and k != "containers"})
-    spec["containers"] = [container]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": isvc["metadata"]["name"]}, "spec": spec}
 
 
 def _k8s_deployment() -> dict:
@@ -102,7 +90,7 @@ def test_sdk_check_refuses_broken_copies() -> None:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("isvc", ["inferenceservice.yaml"])
 def test_the_merged_pod_validates_against_kubernetes(version: str, isvc: str) -> None:
-    pod = _merged_pod(_runtime(), _isvc(isvc))
+    pod = kserve_pod(_runtime(), _isvc(isvc))
     try:
         kv.validate(pod, version, strict=True)
     except kv.utils.ValidationError as e:
@@ -144,7 +132,7 @@ def test_runtime_runs_the_image_as_the_dockerfile_and_k8s_do() -> None:
 
 
 def test_inference_service_is_hardened_and_bounded() -> None:
-    pod = _merged_pod(_runtime(), _isvc())["spec"]
+    pod = kserve_pod(_runtime(), _isvc())["spec"]
     (c,) = pod["containers"]
     assert pod["automountServiceAccountToken"] is False and pod["terminationGracePeriodSeconds"] > 30
     ps = pod["securityContext"]
@@ -167,7 +155,7 @@ def _shm(spec: dict, container: dict) -> dict:
 def test_runtime_mounts_the_deployments_dev_shm() -> None:
     """--frontends hands images to the engine in /dev/shm (3 front ends at 224 px need about 115 MB, a container
     has 64 MB): the pod KServe builds gets the Deployment's memory-backed volume there."""
-    pod = _merged_pod(_runtime(), _isvc())["spec"]
+    pod = kserve_pod(_runtime(), _isvc())["spec"]
     deployment = _k8s_deployment()["spec"]["template"]["spec"]
     shm = _shm(pod, pod["containers"][0])
     assert shm == _shm(deployment, deployment["containers"][0]) and shm["medium"] == "Memory", shm
