@@ -30,7 +30,7 @@ MARGIN_S = 1.0
 # constants, its arena) and allocator slack. Measured: 20-30 MB.
 SESSION_MB = 64
 LOAD = """
-import json, logging, resource, sys
+import json, logging, sys
 import onnxruntime as ort
 from irpe.artifact.ort_graph import prepare
 records = []
@@ -38,13 +38,15 @@ class Keep(logging.Handler):
     def emit(self, record):
         records.append(record.getMessage())
 logging.getLogger("irpe.artifact").addHandler(Keep())
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def peak_kb():  # VmHWM: this process's own peak (ru_maxrss would carry the parent's across exec)
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
+base = peak_kb()
 source, lib = prepare(sys.argv[1], budget_s=float(sys.argv[2]))
 so = ort.SessionOptions()
 if lib:
     so.register_custom_ops_library(lib)
 ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
-grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+grown = (peak_kb() - base) / 1024
 print(json.dumps({"grown_mb": grown, "rewritten": lib is not None, "warnings": records}))
 """
 
@@ -90,16 +92,16 @@ def test_a_10_mb_packed_int32_index_is_decoded_within_the_budgets(tmp_path: Path
     assert 10_000_000 < len(data) < 10_300_000
     start = time.monotonic()
     try:
-        out = rewrite(data, Budget(2.0))
+        rewrite(data, Budget(2.0))
     except RewriteRefused:
-        out = None
+        pass
     assert time.monotonic() - start < 2.0 + MARGIN_S
     path = tmp_path / "model.onnx"
     path.write_bytes(data)
     got = _load(path, budget_s=2.0)
     # the file's bytes, the rewritten copy (the index as int32: 4x its packed size) and the budget at most
     assert got["grown_mb"] < 2 * len(data) / 2**20 + 4 * INDEX_VALUES / 2**20 + MEMORY_MB + SESSION_MB, got
-    assert out is not None or got["warnings"], got
+    assert got["rewritten"] or len(got["warnings"]) == 1, got
 
 
 @needs_ops
