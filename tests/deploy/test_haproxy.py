@@ -96,8 +96,9 @@ class Cluster:
         lines = raw.decode().splitlines()
         names = lines[0].removeprefix("# ").split(",")
         rows = [dict(zip(names, line.split(","), strict=False)) for line in lines[1:] if line]
-        return {r["svname"]: r["status"] if r["check_status"] == "L7OK" or r["status"] != "UP" else "UNCHECKED"
-                for r in rows if r["pxname"] == "irpe_http" and r["svname"].startswith("irpe")}
+        http = [r for r in rows if r["pxname"] == "irpe_http" and r["svname"].startswith("irpe")]
+        checked = {r["svname"]: r["check_status"].removeprefix("* ") == "L7OK" for r in http}  # "* ": running now
+        return {r["svname"]: r["status"] if checked[r["svname"]] or r["status"] != "UP" else "UNCHECKED" for r in http}
 
     def wait_state(self, server: str, state: str, timeout: float) -> float:
         """Seconds until HAProxy reports ``server`` in ``state`` (polled every 20 ms)."""
@@ -235,6 +236,7 @@ def test_killed_host_costs_at_most_5_first_attempts_and_none_after_retries(clust
     assert victim is not None
     with load(cluster, "kill-" + retry_on.replace(" ", "-")) as records:
         time.sleep(1.0)
+        cluster.wait_state("irpe2", "UP", timeout=10)
         start = time.monotonic()
         victim.kill()
         detect = cluster.wait_state("irpe2", "DOWN", timeout=10)
