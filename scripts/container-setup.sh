@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A container engine for tests/deploy/test_container.py, a set-up step of scripts/test.sh: a running Docker
 # engine is used as is; otherwise Debian's podman + runc, catatonit (the pause process of `podman kube play`'s
-# pods: tests/deploy/test_pod.py) and debootstrap (for scripts/container-base.sh) are
-# installed as root, and containers.conf gets `default_ulimits = []` (podman's default raises rlimits, which
-# sandboxes like this one forbid). Quick when already done. When it cannot, one line says what is missing, how
+# pods: tests/deploy/test_pod.py), podman-compose (tests/deploy/test_docker_steps.py) and debootstrap (for
+# scripts/container-base.sh) are installed as root, and containers.conf gets `default_ulimits = []` (podman's
+# default raises rlimits, which sandboxes like this one forbid). Quick when already done. When it cannot, one line says what is missing, how
 # to install it and how to run the suite without the container tests (IRPE_TEST_WITHOUT=container); exit 1.
 set -euo pipefail
 TAG=container-setup GROUP=container
@@ -14,7 +14,7 @@ if command -v docker >/dev/null 2>&1 && timeout 60 docker info >/dev/null 2>&1; 
   exit 0
 fi
 missing=""
-for tool in podman runc catatonit debootstrap; do
+for tool in podman runc catatonit podman-compose debootstrap; do
   command -v "$tool" >/dev/null 2>&1 || missing+=" $tool"
 done
 if [ -n "$missing" ]; then
