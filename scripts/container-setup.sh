@@ -3,8 +3,9 @@
 # engine is used as is; otherwise Debian's podman + runc, catatonit (the pause process of `podman kube play`'s
 # pods: tests/deploy/test_pod.py), podman-compose (tests/deploy/test_docker_steps.py) and debootstrap (for
 # scripts/container-base.sh) are installed as root, and containers.conf gets `default_ulimits = []` (podman's
-# default raises rlimits, which sandboxes like this one forbid). Quick when already done. When it cannot, one line says what is missing, how
-# to install it and how to run the suite without the container tests (IRPE_TEST_WITHOUT=container); exit 1.
+# default raises rlimits, which sandboxes like this one forbid). Quick when already done. When it cannot, one
+# line says what is missing, how to install it and how to run the suite without the container tests
+# (IRPE_TEST_WITHOUT=container); exit 1.
 set -euo pipefail
 TAG=container-setup GROUP=container
 # shellcheck source=setup-lib.sh
