@@ -2,7 +2,7 @@
 # README's test command (.ci/run runs it and nothing else). From nothing, on a fresh Debian machine (root, Debian
 # packages reachable), it sets up what the suite needs, then lints and runs it. Every set-up step is idempotent,
 # quick when already done, and prints its time:
-#   venv                  .venv with the export,train,plugins,dev,cpu extras   scripts/setup-venv.sh
+#   venv                  .venv with the export,train,plugins,dev,cpu,ray extras scripts/setup-venv.sh
 #   browser               Debian's chromium (tests/reliability/test_browser.py) scripts/install-browser.sh
 #   container engine      podman + runc + containers.conf, or a running docker  scripts/container-setup.sh
 #   container base image  the Python base of the serving image (tests/deploy)   scripts/container-base.sh
@@ -89,7 +89,7 @@ disk_room() {
 
 start=$(usec)
 step disk "" disk_room
-step venv "" scripts/setup-venv.sh export,train,plugins,dev,cpu
+step venv "" scripts/setup-venv.sh export,train,plugins,dev,cpu,ray
 step browser browser scripts/install-browser.sh || true
 step haproxy balancer scripts/install-haproxy.sh || true
 if step "container engine" container scripts/container-setup.sh; then

@@ -152,6 +152,7 @@ MESSAGE_CASES = {
     "bench-cpu": ("nncf", "bench", "irpe bench cpu exports DeiT-S first (minutes), then notes the missing anchor"),
     "plugins": ("triton", "export", "only after TensorRT imports (a GPU host) does export import triton"),
     "dev": ("pytest", None, "developer tools: no irpe command imports them"),
+    "ray": ("ray", None, "Ray's own `serve run irpe.ray:app` imports it; no irpe command does"),
 }
 # tracing is optional: a missing [otel] extra is a warning line at start-up, and the server runs on
 WARNING_CASES = {"otel": ("opentelemetry.sdk", "opentelemetry.exporter")}
