@@ -10,8 +10,9 @@
   `wait_probe` run them from the host, through the published ports, with kubelet's rules.
 - preStop and terminationGracePeriodSeconds: not run, podman stops with 10 s: the tests run the hook with
   `podman exec` and stop with `podman pod stop -t GRACE`.
-- containerPort is published only with hostPort: `publish` puts it on 127.0.0.1; replicas: 2 would be two pods
-  on one host binding the same ports, so the tests play one.
+- containerPort without hostPort is published on every address (0.0.0.0) at the same number: `publish` gives
+  each a hostPort on hostIP 127.0.0.1. replicas: 2 is two pods on one host whose second cannot bind its ports:
+  the tests play one.
 """
 
 from __future__ import annotations
