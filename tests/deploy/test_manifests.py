@@ -19,7 +19,7 @@ yaml = pytest.importorskip("yaml", reason="pyyaml is in the dev extra")
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
 # the oldest Kubernetes release still commonly run and the newest the validator knows
 K8S_VERSIONS = ("1.29.0", kv.utils.latest_version())
-CRD_GROUPS = ("monitoring.coreos.com/",)  # Prometheus Operator kinds: no schema in kubernetes-validate
+CRD_GROUPS = ("monitoring.coreos.com/", "keda.sh/")  # Prometheus Operator, KEDA: no schema in kubernetes-validate
 
 
 def _docs() -> list[tuple[str, dict]]:
@@ -40,7 +40,7 @@ def test_every_manifest_validates_strictly(version: str) -> None:
     assert len({f for f, _ in docs}) == len(list(K8S.glob("*.yaml"))) >= 6
     for name, doc in docs:
         if doc["apiVersion"].startswith(CRD_GROUPS):
-            with pytest.raises(kv.utils.SchemaNotFoundError):  # checked by test_podmonitor_scrapes_with_the_key
+            with pytest.raises(kv.utils.SchemaNotFoundError):  # checked by test_podmonitor_..., test_keda_...
                 kv.validate(doc, version, strict=True)
             continue
         try:
@@ -130,7 +130,7 @@ def test_pdb_covers_the_deployment() -> None:
     assert pdb["maxUnavailable"] < min(dep["replicas"], objs["HorizontalPodAutoscaler"]["spec"]["minReplicas"])
 
 
-def test_hpa_scales_on_the_servers_queue_depth() -> None:
+def test_hpa_scales_on_the_servers_ongoing_requests() -> None:
     from irpe.server.metrics import Metrics
 
     objs = _objs()
@@ -140,7 +140,7 @@ def test_hpa_scales_on_the_servers_queue_depth() -> None:
     kinds = {m["type"]: m for m in hpa["metrics"]}
     assert kinds["Resource"]["resource"]["name"] == "cpu"
     metric = kinds["Pods"]["pods"]["metric"]["name"]
-    assert metric == "irpe_queue_depth"
+    assert metric == "irpe_ongoing_requests"
     # the server exports that gauge ...
     exposition = Metrics().render().decode()
     assert re.search(rf"^# TYPE {metric} gauge$", exposition, re.M)
@@ -149,6 +149,24 @@ def test_hpa_scales_on_the_servers_queue_depth() -> None:
     (rule,) = [r for r in rules if r["name"]["as"] == metric]
     assert rule["seriesQuery"].startswith(metric + "{")
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+
+
+def test_keda_scales_on_the_same_signal_as_the_hpa() -> None:
+    """keda-scaledobject.yaml (instead of hpa.yaml): the same Deployment, bounds and per-pod target, on the
+    gauge the server exports, summed over the Deployment's pods."""
+    from irpe.server.metrics import Metrics
+
+    objs = _objs()
+    keda, hpa = objs["ScaledObject"]["spec"], objs["HorizontalPodAutoscaler"]["spec"]
+    assert keda["scaleTargetRef"]["name"] == objs["Deployment"]["metadata"]["name"]
+    assert (keda["minReplicaCount"], keda["maxReplicaCount"]) == (hpa["minReplicas"], hpa["maxReplicas"])
+    (prom,) = [t["metadata"] for t in keda["triggers"] if t["type"] == "prometheus"]
+    pods = {m["type"]: m for m in hpa["metrics"]}["Pods"]["pods"]
+    assert prom["threshold"] == pods["target"]["averageValue"]
+    metric = re.match(r"sum\(avg_over_time\((\w+)\{", prom["query"]).group(1)
+    assert metric == pods["metric"]["name"]
+    assert re.search(rf"^# TYPE {metric} gauge$", Metrics().render().decode(), re.M)
+    assert f'pod=~"{objs["Deployment"]["metadata"]["name"]}-.*"' in prom["query"]
 
 
 def test_podmonitor_scrapes_with_the_key() -> None:
