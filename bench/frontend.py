@@ -177,15 +177,15 @@ def default_variants(frontends: list[int], baseline_pythonpath: str | None, imag
     return out
 
 
-def build_near_free(out_dir: Path) -> Path:
-    """Export the near-free model (random weights; needs torch)."""
+def build_near_free(out_dir: Path, img_size: int = 224, patch_size: int = 32) -> Path:
+    """Export the near-free model (random weights; needs torch) at ``img_size`` px in ``patch_size`` patches."""
     import torch
 
     from irpe.export import ExportOptions, export_artifact
     from irpe.models import create_model
 
     torch.manual_seed(0)
-    overrides = {"img_size": 224, "patch_size": 32}
+    overrides = {"img_size": img_size, "patch_size": patch_size}
     ckpt = out_dir / "near-free.pth"
     torch.save(create_model(NEAR_FREE, **overrides).state_dict(), ckpt)
     return Path(export_artifact(ckpt, out_dir / "artifact",

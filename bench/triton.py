@@ -16,6 +16,7 @@ of the per-round ratio (the two measured seconds apart), next to the medians of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -31,7 +32,7 @@ from pathlib import Path
 
 SERVERS = ("triton", "irpe")
 PROTOCOLS = ("http", "grpc")
-MODELS = ("near-free", "deit-tiny")
+MODELS = ("near-free", "tiny", "deit-tiny")
 REPO_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "perf-analyzer.sh"
 
 
@@ -50,6 +51,7 @@ class Measure:
     server_ms: float
     inferences: int
     executions: int
+    cpu_us: float = float("nan")  # the server's whole process tree, CPU-us per answered request
 
     @property
     def outside_ms(self) -> float:
@@ -103,6 +105,8 @@ class Target:
     protocol: str
     url: str
     model: str
+    pid: int = 0  # the server's root process (0: no CPU figure)
+    stats_url: str = ""  # where its HTTP statistics extension answers
 
 
 def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:
@@ -176,6 +180,21 @@ class Cell:
         """irpe/Triton throughput: the median of the per-round ratios."""
         return self.ratio_to("irpe", "triton")
 
+    def cpu_ratio(self) -> float:
+        """irpe/Triton server CPU per request: the ratio of the medians."""
+        return self.median("irpe", "cpu_us") / self.median("triton", "cpu_us")
+
+
+def run_measured(command: list[str], t: Target, concurrency: int, interval_ms: int) -> Measure:
+    """:func:`run_pa` with the server's CPU per answered request over the run (:mod:`.server_cpu`)."""
+    if not t.pid:
+        return run_pa(command, pa_args(t, concurrency, interval_ms))
+    from .server_cpu import ServerCpu
+
+    with ServerCpu(t.pid, t.stats_url, t.model) as meter:
+        m = run_pa(command, pa_args(t, concurrency, interval_ms))
+    return dataclasses.replace(m, cpu_us=meter.us_per_request())
+
 
 def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels: list[int], rounds: int,
             interval_ms: int, command: list[str], between: Callable[[], None] | None = None) -> list[Cell]:
@@ -191,7 +210,7 @@ def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels
             for server in order:
                 t = targets[(server, cell.protocol)]
                 try:
-                    m = run_pa(command, pa_args(t, cell.concurrency, interval_ms))
+                    m = run_measured(command, t, cell.concurrency, interval_ms)
                 except BenchError as e:
                     print(f"irpe bench triton: {server} {cell.protocol} c={cell.concurrency} missed: "
                           f"{str(e).splitlines()[0]}", file=sys.stderr, flush=True)
@@ -203,7 +222,8 @@ def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels
 def format_cells(title: str, cells: list[Cell]) -> str:
     """One line per (protocol, concurrency): the medians of both servers and the ratio."""
     head = (f"{'proto':<5} {'conc':>4} {'Triton inf/s':>12} {'irpe inf/s':>10} {'irpe/Triton':>11} "
-            f"{'p50 ms T/i':>12} {'p99 ms T/i':>12} {'outside ms T/i':>14} {'img/exec T/i':>12}")
+            f"{'p50 ms T/i':>12} {'p99 ms T/i':>12} {'outside ms T/i':>14} {'img/exec T/i':>12} "
+            f"{'CPU us/req T/i':>15} {'CPU i/T':>7}")
     if cells and "base" in cells[0].runs:
         head += f"  {'base inf/s':>9} {'irpe/base':>9} {'base p50':>8}"
     lines = [title, head]
@@ -215,7 +235,8 @@ def format_cells(title: str, cells: list[Cell]) -> str:
                 f"{c.median('base', 'p50_ms'):>8.1f}" if "base" in c.runs else "")
         lines.append(f"{c.protocol:<5} {c.concurrency:>4} {c.median('triton', 'rps'):>12.0f} "
                      f"{c.median('irpe', 'rps'):>10.0f} {c.ratio():>11.2f} {pair('p50_ms'):>12} "
-                     f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12}{base}")
+                     f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12} "
+                     f"{pair('cpu_us', '.0f'):>15} {c.cpu_ratio():>7.2f}{base}")
     return "\n".join(lines)
 
 
@@ -223,7 +244,8 @@ def format_cells(title: str, cells: list[Cell]) -> str:
 def irpe_server(artifact: Path, server_args: tuple[str, ...], grpc: bool,
                 pythonpath: str | None = None) -> Iterator[dict[str, str]]:
     """``irpe serve ARTIFACT`` with the defaults a user gets (access log on, into a temporary file), and
-    ``--grpc-port`` when ``grpc``; ``pythonpath``: another import tree's irpe; yields the URL per protocol."""
+    ``--grpc-port`` when ``grpc``; ``pythonpath``: another import tree's irpe; yields the URL per protocol and
+    the root process id ("pid")."""
     from .serve import _free_port, server_process
 
     port, grpc_port = _free_port(), _free_port()
@@ -232,8 +254,9 @@ def irpe_server(artifact: Path, server_args: tuple[str, ...], grpc: bool,
     args = ["-m", "irpe.cli", "serve", str(artifact), "--port", str(port), *server_args]
     with tempfile.TemporaryFile() as log, \
             server_process([*args, "--grpc-port", str(grpc_port)] if grpc else args, port, stderr=log,
-                           env={"PYTHONPATH": pythonpath} if pythonpath else None):
-        yield {"http": f"127.0.0.1:{port}", **({"grpc": f"127.0.0.1:{grpc_port}"} if grpc else {})}
+                           env={"PYTHONPATH": pythonpath} if pythonpath else None) as proc:
+        yield {"http": f"127.0.0.1:{port}", **({"grpc": f"127.0.0.1:{grpc_port}"} if grpc else {}),
+               "pid": str(proc.pid)}
 
 
 @contextmanager
@@ -245,7 +268,7 @@ def triton_server(artifact: Path, instances: int, threads: int, max_batch: int) 
 
     with TritonServer(artifact, model_name="irpe", max_batch=max_batch, max_delay_us=0, instances=instances,
                       threads=threads, preferred=tuple(preferred_batch_sizes(max_batch))) as s:
-        yield {"http": s.http_url, "grpc": s.grpc_url}
+        yield {"http": s.http_url, "grpc": s.grpc_url, "pid": str(s.process.pid if s.process else 0)}
 
 
 @dataclass
@@ -283,18 +306,20 @@ def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str 
         missing = [f"{s} over {p}" for s in urls for p in opts.protocols if p not in urls[s]]
         if missing:
             raise BenchError(f"no {', '.join(missing)} here: choose --protocols from what both serve")
-        targets = {(s, p): Target(s, p, urls[s][p], "irpe" if s == "triton" else name)
-                   for s in urls for p in opts.protocols}
+        targets = {(s, p): Target(s, p, urls[s][p], "irpe" if s == "triton" else name, int(urls[s]["pid"]),
+                                  urls[s]["http"]) for s in urls for p in opts.protocols}
         bare = BareSession(artifact)
         cells = measure(targets, opts.protocols, opts.levels, opts.rounds, opts.interval_ms, command, bare.time)
         print(f"bare ONNX Runtime session, {bare.threads} intra-op threads (every core), batch 1, beside the "
-              f"rounds: p50 {bare.p50_ms():.2f} ms", flush=True)
+              f"rounds: p50 {bare.p50_ms():.2f} ms; engine floor (one thread, batch 1): {bare.cpu_us():.0f} "
+              "CPU-us per image", flush=True)
         return cells
 
 
 class BareSession:
     """The engine alone: an ONNX Runtime session on every usable core at batch 1 (what a lone request
-    could get), timed between the rounds (the servers idle then)."""
+    could get), timed between the rounds (the servers idle then); beside it a one-thread session whose CPU
+    per image is the engine's floor of the CPU per request."""
 
     def __init__(self, artifact: Path, runs: int = 30):
         import numpy as np
@@ -307,9 +332,13 @@ class BareSession:
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads, self.threads = usable_cpus(), 1, usable_cpus()
         self.session = ort.InferenceSession(str(artifact / art.onnx_file), so, providers=["CPUExecutionProvider"])
+        one = ort.SessionOptions()
+        one.intra_op_num_threads = one.inter_op_num_threads = 1
+        self.one = ort.InferenceSession(str(artifact / art.onnx_file), one, providers=["CPUExecutionProvider"])
         self.feed = {art.input_name: np.zeros((1, 3, art.preprocess.crop, art.preprocess.crop), np.float32)}
-        self.runs, self.times = runs, []
+        self.runs, self.times, self.cpu = runs, [], []
         self.session.run(None, self.feed)
+        self.one.run(None, self.feed)
 
     def time(self) -> None:
         """``runs`` timed calls."""
@@ -319,19 +348,31 @@ class BareSession:
             start = time.perf_counter()
             self.session.run(None, self.feed)
             self.times.append(time.perf_counter() - start)
+            start = time.thread_time()
+            self.one.run(None, self.feed)
+            self.cpu.append(time.thread_time() - start)
 
     def p50_ms(self) -> float:
+        """Median wall time of the every-core session (nan before any round)."""
         return 1e3 * statistics.median(self.times) if self.times else float("nan")
+
+    def cpu_us(self) -> float:
+        """Median CPU-us per image of the one-thread session (nan before any round)."""
+        return 1e6 * statistics.median(self.cpu) if self.cpu else float("nan")
 
 
 def model_artifact(model: str, tmp: Path) -> Path:
-    """Export ``near-free`` (the near-free model) or ``deit-tiny`` (DeiT-Tiny iRPE-K, 224 px), random weights."""
+    """Export ``near-free`` (the near-free model, 224 px), ``tiny`` (the same model at 32 px in 4 px patches:
+    12 KB tensors, where the per-request cost shows) or ``deit-tiny`` (DeiT-Tiny iRPE-K, 224 px), random
+    weights."""
     from .frontend import build_near_free
     from .serve import build_artifact
 
     out = tmp / model
     out.mkdir(parents=True)
-    return build_near_free(out) if model == "near-free" else build_artifact(out)
+    if model in ("near-free", "tiny"):
+        return build_near_free(out, *((224, 32) if model == "near-free" else (32, 4)))
+    return build_artifact(out)
 
 
 def run_triton_bench(opts: Options) -> dict[str, list[Cell]]:

@@ -218,9 +218,10 @@ def add_repository_bench(bsub: argparse._SubParsersAction) -> None:
 def add_triton_bench(bsub: argparse._SubParsersAction) -> None:
     """``irpe bench triton``: irpe serve vs the real tritonserver under NVIDIA's perf_analyzer."""
     p = bsub.add_parser("triton", help="irpe serve vs the real NVIDIA Triton on the same artifact, perf_analyzer "
-                                       "at each concurrency, interleaved: infer/s, p50/p99, client-minus-server")
-    p.add_argument("--models", default="near-free,deit-tiny", help="comma list of near-free, deit-tiny (exported "
-                   "with random weights; needs torch)")
+                                       "at each concurrency, interleaved: infer/s, p50/p99, client-minus-server, "
+                                       "server CPU-us per request")
+    p.add_argument("--models", default="near-free,deit-tiny", help="comma list of near-free (224 px), tiny (the "
+                   "near-free model at 32 px), deit-tiny (exported with random weights; needs torch)")
     p.add_argument("--artifact", help="bench this artifact directory instead of --models (default: none)")
     p.add_argument("--protocols", default="http", help="comma list of http, grpc (default http)")
     p.add_argument("--concurrency", default="1,8,32", help="comma list of perf_analyzer concurrency levels")

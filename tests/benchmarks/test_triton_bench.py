@@ -51,7 +51,7 @@ def test_defaults_are_both_models_http_three_levels_and_a_fair_triton() -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--models", "resnet"], "unknown resnet: --models from near-free, deit-tiny"),
+    (["--models", "resnet"], "unknown resnet: --models from near-free, tiny, deit-tiny"),
     (["--protocols", "http,quic"], "unknown quic"),
     (["--concurrency", "0,8"], "--concurrency needs positive integers"),
     (["--concurrency", "a"], "--concurrency must be a comma list of integers"),
@@ -75,13 +75,16 @@ def test_report_figures_and_client_minus_server() -> None:
 
 
 def test_ratio_is_the_median_of_per_round_ratios_and_the_table_shows_it() -> None:
-    def m(rps: float) -> tb.Measure:
-        return tb.Measure(rps, 1.0, 2.0, 1.5, 1.0, 10, 5)
+    def m(rps: float, cpu_us: float) -> tb.Measure:
+        return tb.Measure(rps, 1.0, 2.0, 1.5, 1.0, 10, 5, cpu_us)
 
-    cell = tb.Cell("http", 8, {"triton": [m(100), m(200), m(1000)], "irpe": [m(90), m(300), m(500)]})
+    cell = tb.Cell("http", 8, {"triton": [m(100, 400), m(200, 410), m(1000, 900)],
+                               "irpe": [m(90, 500), m(300, 520), m(500, 300)]})
     assert cell.ratio() == pytest.approx(0.9)  # per round 0.9, 1.5, 0.5 (medians alone would give 1.5)
+    assert cell.cpu_ratio() == pytest.approx(500 / 410)  # CPU: the ratio of the medians
     line = tb.format_cells("t", [cell]).splitlines()[-1].split()
-    assert line[:5] == ["http", "8", "200", "300", "0.90"] and line[-3:] == ["2.0", "/", "2.0"]
+    assert line[:5] == ["http", "8", "200", "300", "0.90"]
+    assert line[-7:] == ["2.0", "/", "2.0", "410", "/", "500", "1.22"]
 
 
 def test_perf_analyzer_command_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +114,11 @@ def test_one_short_real_run_measures_both_servers(tmp_path: Path, capsys) -> Non
     for server in ("triton", "irpe"):
         (m,) = cell.runs[server]
         assert m.rps > 0 and m.inferences > 0 and 1.0 <= m.batch <= 2.0 and m.p99_ms >= m.p50_ms > 0
-    assert "irpe/Triton" in capsys.readouterr().out
+        # the whole server tree's CPU per answered request: a tiny model's request costs some tens of us at
+        # least and, on 2 loaded cores, well under 50 ms (the idle periods at the window's ends included)
+        assert 20 < m.cpu_us < 50_000, (server, m.cpu_us)
+    out = capsys.readouterr().out
+    assert "irpe/Triton" in out and "CPU us/req T/i" in out and "engine floor" in out
 
 
 
@@ -119,10 +126,11 @@ def test_bare_session_times_every_core_at_batch_one(tmp_path: Path) -> None:
     from irpe.server.config import usable_cpus
 
     bare = tb.BareSession(make_artifact(tmp_path / "a"), runs=3)
-    assert bare.p50_ms() != bare.p50_ms()  # nan before any round
+    assert bare.p50_ms() != bare.p50_ms() and bare.cpu_us() != bare.cpu_us()  # nan before any round
     bare.time()
     bare.time()
     assert len(bare.times) == 6 and bare.p50_ms() > 0 and bare.threads == usable_cpus()
+    assert len(bare.cpu) == 6 and 0 < bare.cpu_us() < 1e6
 
 
 def test_a_missed_run_is_left_out_of_medians_and_ratios() -> None:
