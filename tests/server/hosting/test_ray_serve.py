@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -24,6 +25,7 @@ from tests.server.hosting.ray_cluster import RayServe, ray_serve, replica_pids, 
 
 pytest.importorskip("ray.serve", reason="the ray extra (pip install '.[ray]') is part of the suite's venv")
 
+REPO = Path(__file__).resolve().parents[3]
 KEY = "ray-test-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
 MODEL = "deit_micro_patch4_32_ctx_product_shared_k"
@@ -245,3 +247,53 @@ def _remove_a_node(rs: RayServe, load: Load) -> dict[str, float]:
     wait_for(lambda: rs.running() == 3, 90, "3 replicas after a node came back")
     return {"failed_first_try_node_removal": failed, "node_removed_to_3_replicas_s": round(time.monotonic() - start, 1),
             "node_added_to_3_replicas_s": round(time.monotonic() - added, 1)}
+
+
+def test_serve_config_is_valid_and_its_defaults_suit_one_replica_per_gpu():
+    """deploy/ray/serve.yaml passes Ray Serve's config schema; its arguments build the application; on cuda a
+    replica takes one GPU, targets two batches in flight and admits four (no cluster needed)."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from irpe.server.config import Settings
+    from irpe.server.hosting.ray_serve import SERVICER_FUNCTIONS, build_app, deployment_options, split_args
+
+    config = yaml.safe_load((REPO / "deploy" / "ray" / "serve.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(config)
+    assert schema.http_options.host == "127.0.0.1" and schema.grpc_options.grpc_servicer_functions == \
+        SERVICER_FUNCTIONS
+    args = {**schema.applications[0].args, "model": "digits"}
+    assert build_app(args) is not None
+    env, ray_args = split_args(args)
+    options = deployment_options(Settings.from_env(env), ray_args)
+    assert options["ray_actor_options"]["num_gpus"] == 1 and options["max_ongoing_requests"] == 128
+    assert options["autoscaling_config"]["target_ongoing_requests"] == 64
+    cpu = deployment_options(Settings.from_env({}), {})
+    assert cpu["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0} and cpu["max_ongoing_requests"] == 16
+    assert cpu["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8.0,
+                                         "upscale_delay_s": 10.0, "downscale_delay_s": 300.0}
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ({"port": "8000"}, "leave port out"), ({"frontends": "2"}, "leave frontends out"),
+    ({"nope": "1"}, "not an irpe setting"), ({"max_batch": "x"}, "IRPE_MAX_BATCH='x'"),
+    ({"model_control": "explicit"}, "reaches one replica"), ({"allow_client_shm": "1"}, "leave it off")])
+def test_arguments_that_cannot_hold_under_ray_are_one_line_naming_the_fix(args, words):
+    from irpe.server.hosting.ray_serve import build_app
+
+    with pytest.raises(ValueError, match=re.escape(words)) as e:
+        build_app({"model": "digits", **args})
+    assert "\n" not in str(e.value)
+
+
+def test_a_replica_behind_an_exposed_proxy_needs_the_key(monkeypatch: pytest.MonkeyPatch):
+    """As ``irpe serve`` on a non-loopback address: no key, no replica (the gRPC proxy's ``::`` counts as
+    exposed); the key from the builder or from the node's environment."""
+    from irpe.server.hosting.ray_serve import replica_settings
+
+    monkeypatch.delenv("IRPE_API_KEY", raising=False)
+    monkeypatch.delenv("IRPE_INSECURE", raising=False)
+    with pytest.raises(ValueError, match="refusing to listen on ::"):
+        replica_settings({}, "::")
+    assert replica_settings({"IRPE_API_KEY": "k"}, "::").api_key == "k"
+    assert replica_settings({}, "127.0.0.1").host == "127.0.0.1"
