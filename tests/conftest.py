@@ -19,6 +19,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "data" / "reference"
+# Ray reads it once, when it is first imported: "0" keeps the Ray tests' nodes on 127.0.0.1 whichever module
+# imports Ray first (on Linux Ray otherwise turns 127.0.0.1 into the machine's outward address)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 # The one allow-list of skip reasons CI accepts: no NVIDIA GPU, no TensorRT. Add nothing else here; a test
 # that needs a package, a binary or data must get it from scripts/test.sh / .ci/run instead of skipping.
