@@ -108,8 +108,21 @@ def through_ray(port: int, http_port: int) -> dict[str, Any]:
     return out
 
 
+def loopback_up() -> None:
+    """Bring up the namespace's loopback interface (``ip link set lo up`` without iproute2)."""
+    import fcntl
+    import socket
+    import struct
+
+    get_flags, set_flags, up = 0x8913, 0x8914, 0x1  # SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sh", fcntl.ioctl(s, get_flags, struct.pack("16sh", b"lo", 0)))[1]
+        fcntl.ioctl(s, set_flags, struct.pack("16sh", b"lo", flags | up))
+
+
 def main() -> None:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    loopback_up()
     import faulthandler
 
     faulthandler.dump_traceback_later(300, exit=True)  # a hang anywhere: the stacks, then exit
