@@ -26,6 +26,7 @@ from ..pipeline.oip import ProtocolError
 from ..pipeline.sysshm import OwnedRegions
 
 _ITEM = 4  # bytes per FP32
+INLINE_MESSAGE_BYTES = 64 << 10  # a parsed message up to this size is checked on the event loop (real: < 1 KB)
 
 
 def param_value(p: pb.InferParameter) -> Any:
@@ -45,10 +46,33 @@ def raw_inputs(req: pb.ModelInferRequest) -> list[bytes]:
     return list(req.raw_input_contents)
 
 
-def inline(raw: Sequence[bytes | memoryview]) -> bool:
-    """Whether checking the input costs less than a hop to the decode pool: raw bytes (:func:`raw_inputs`),
-    small."""
-    return len(raw) == 1 and len(raw[0]) <= oip.INLINE_BYTES
+def inline(raw: Sequence[bytes | memoryview], size: int = 0) -> bool:
+    """Whether checking the request costs less than a hop to the decode pool: raw bytes (:func:`raw_inputs`),
+    small, and a small message (``size``: the bytes protobuf parsed, the raw tensors left out)."""
+    return len(raw) == 1 and len(raw[0]) <= oip.INLINE_BYTES and size <= INLINE_MESSAGE_BYTES
+
+
+def checked(req: pb.ModelInferRequest, artifact: ModelArtifact, max_images: int, shm: OwnedRegions | None,
+            raw: Sequence[bytes | memoryview] | None = None) -> tuple[np.ndarray, int, oip.ShmRef | None]:
+    """The request checked whole, before any inference: :func:`decode_infer`'s images, then :func:`requested`'s
+    classification k and output region (one call: on the event loop or in the decode pool, :func:`inline`).
+
+    Args:
+        req: the request (its raw tensors in ``raw`` when split off).
+        artifact: the model's artifact.
+        max_images: the batch limit.
+        shm: the caller's regions (None when the request names none).
+        raw: the request's :func:`raw_inputs`, when already read.
+
+    Returns:
+        (images, k, the output's region or None).
+
+    Raises:
+        ProtocolError: 400 for what the model does not take; APIError: 404 for an unknown region.
+    """
+    images = decode_infer(req, artifact, max_images, shm, raw)
+    k, ref = requested(req, artifact, len(images), shm)
+    return images, k, ref
 
 
 def decode_infer(req: pb.ModelInferRequest, artifact: ModelArtifact, max_images: int,

@@ -177,14 +177,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: InferCall | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         client_shm.PEER.set(context.peer())  # who may use the regions the request names
         if isinstance(request, InferCall):  # :mod:`.handlers`'s split request (the tensors as views)
-            return await self.infer(request.message, request.raw or None, request.id_bytes)
+            return await self.infer(request.message, request.raw or None, request.id_bytes, request.size)
         return await self.infer(request)
 
-    async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None,
-                    id_bytes: int = 0) -> pb.ModelInferResponse:
-        """One inference: look up and hold the version, decode and check in the pool, infer, answer; ``raw``:
-        the request's raw tensors when they were split off, ``id_bytes`` the size of an id left out as too long
-        (:mod:`.handlers`)."""
+    async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None, id_bytes: int = 0,
+                    size: int = -1) -> pb.ModelInferResponse:
+        """One inference: look up and hold the version, decode and check (in the pool unless small), infer,
+        answer; ``raw``: the request's raw tensors when they were split off, ``id_bytes`` the size of an id left
+        out as too long, ``size`` the bytes protobuf parsed (:mod:`.handlers`; -1: the message's size)."""
         started = time.perf_counter()
         service = self.service
         name, version = req.model_name, req.model_version or None
@@ -201,9 +201,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raw = codec.raw_inputs(req) if raw is None else raw
             regions = await client_shm.request_regions(self.shm, req, self.endpoint)  # None unless it names one
             args = (req, artifact, oip.max_images(service), regions, raw)
-            images = codec.decode_infer(*args) if codec.inline(raw) and regions is None else \
-                await loop.run_in_executor(service.pool, codec.decode_infer, *args)  # a region: read in the pool
-            k, ref = codec.requested(req, artifact, len(images), regions)
+            small = codec.inline(raw, req.ByteSize() if size < 0 else size) and regions is None  # a region: pool
+            images, k, ref = codec.checked(*args) if small else \
+                await loop.run_in_executor(service.pool, codec.checked, *args)
             logits = await oip.infer(service, model_version, images, started)
             if ref is not None and regions is not None:
                 oip.shm_output(regions, ref, artifact.output_name, logits)
@@ -260,7 +260,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         start, code, req = time.perf_counter(), grpc.StatusCode.OK, call.message
         try:
             answer = pb.ModelStreamInferResponse(infer_response=await self.infer(req, call.raw or None,
-                                                                                 call.id_bytes))
+                                                                                 call.id_bytes, call.size))
         except APIError as e:
             code = grpc_code(e.status)
             answer = pb.ModelStreamInferResponse(error_message=e.message,

@@ -251,8 +251,17 @@ def check_input(name: object, datatype: object, shape: object, artifact: ModelAr
     if not (isinstance(shape, list) and len(shape) == 4 and shape[1:] == want and type(shape[0]) is int
             and shape[0] >= 1 and all(type(d) is int for d in shape)):
         raise ProtocolError(f"unexpected shape for input {artifact.input_name!r} for model {artifact.name!r}: expected "
-                            f"[N,{want[0]},{want[1]},{want[2]}] with N >= 1, got {shape}")
+                            f"[N,{want[0]},{want[1]},{want[2]}] with N >= 1, got {quoted(shape)}")
     return shape
+
+
+def quoted(value: object, items: int = 8, chars: int = 200) -> str:
+    """``value`` as an error message quotes it, bounded: a list's first ``items`` items and its length, at most
+    ``chars`` characters of anything else (a client's value may be megabytes)."""
+    if isinstance(value, list) and len(value) > items:
+        return f"[{', '.join(str(v)[:20] for v in value[:items])}, ...] ({len(value)} items)"
+    text = str(value)
+    return text if len(text) <= chars else f"{text[:chars]}... ({len(text)} characters)"
 
 
 def check_batch(images: int, max_images: int) -> None:

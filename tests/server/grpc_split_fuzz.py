@@ -1,8 +1,8 @@
 """Hypothesis fuzz of the gRPC request split (:func:`irpe.server.grpc.handlers.parse_infer`) against protobuf's own
 parse of the same bytes; run in a child process by tests/server/hostile_input/test_grpc_listener.py (it imports
-tritonclient's messages). Well-formed requests, the same with bytes changed or cut, and messages past the field
-budget: the split fails whenever protobuf fails, refuses a message past its field budget, and otherwise gives
-protobuf's request."""
+tritonclient's messages). Well-formed requests, the same with bytes changed or cut, and messages past the scan's
+limits (fields, shape dimensions): the split fails whenever protobuf fails, refuses a message only past a limit,
+and otherwise gives protobuf's request."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ def requests(draw: st.DrawFn) -> bytes:
     for _ in range(draw(st.integers(0, 3))):
         spec = req.inputs.add(name=draw(st.text(max_size=8)), datatype="FP32")
         spec.shape.extend(draw(st.lists(st.integers(0, 2**40), max_size=4)))
+        if draw(st.integers(0, 9)) == 0:  # past MAX_DIMS, or just under it
+            spec.shape.extend([1] * draw(st.integers(55, 75)))
+        for i in range(draw(st.sampled_from([0, 0, 3, 400]))):  # 400 parameters: past the total budget
+            spec.parameters[f"p{i}"].string_param = "v"
+    if draw(st.booleans()):
+        req.outputs.add(name="logits").parameters["classification"].int64_param = draw(st.integers(0, 9))
     req.raw_input_contents.extend(draw(st.lists(st.binary(max_size=300), max_size=4)))
     data = req.SerializeToString()
     if draw(st.booleans()):
@@ -63,8 +69,8 @@ def _agree(data: bytes) -> None:
         raise AssertionError(f"protobuf refuses {data!r}, the split parsed it") from None
     try:
         call = handlers.parse_infer(data)
-    except handlers.TooManyFields:  # refused only past the budget (a changed byte may merge a few fields)
-        assert _top_level_fields(want) > handlers.FIELD_BUDGET // 2, data
+    except handlers.OverLimit as e:  # refused only past a limit (a changed byte may merge a few fields)
+        _assert_past_a_limit(str(e), want, data)
         return
     if call.id_bytes:  # an id over MAX_ID_BYTES is left out (the servicer refuses the request)
         assert call.id_bytes > handlers.MAX_ID_BYTES and not call.message.id, data
@@ -73,6 +79,20 @@ def _agree(data: bytes) -> None:
     got.CopyFrom(call.message)
     got.raw_input_contents.extend(bytes(r) for r in call.raw)
     assert got == want, data
+
+
+def _assert_past_a_limit(reason: str, want: Any, data: bytes) -> None:
+    """The scan's refusal names a limit that protobuf's parse of ``data`` shows was passed."""
+    from irpe.server.grpc import infer_scan
+
+    if "top-level fields" in reason:
+        assert _top_level_fields(want) > infer_scan.FIELD_BUDGET // 2, data
+    elif "fields in all" in reason:  # every field, packed value or charged byte takes a byte of the message
+        assert len(data) > infer_scan.TOTAL_BUDGET, data
+    elif "shape has more than" in reason:
+        assert max(len(t.shape) for t in want.inputs) > infer_scan.MAX_DIMS, data
+    else:
+        raise AssertionError(f"refused for {reason!r}: {data!r}")
 
 
 def _top_level_fields(message: Any) -> int:
