@@ -2,11 +2,13 @@
 
 Measured in the bench process, one thread, the same 512x512 JPEG and artifact as the served runs,
 interleaved with nothing else of ours; the HTTP floor (an empty ASGI app under the same load) is a
-served variant of :mod:`.frontend`.
+served variant of :mod:`.frontend`. :class:`BareSession` is ``irpe bench triton``'s engine floor (the KServe
+front-end floor there is :mod:`.empty_kserve`).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,3 +55,48 @@ def measure_floors(artifact: Path, payload: bytes) -> dict[str, float]:
 def format_floors(floors: dict[str, float]) -> str:
     """One line per floor."""
     return "\n".join(f"  {k:<30} {v:6.2f} CPU-ms" for k, v in floors.items())
+
+
+class BareSession:
+    """The engine alone: an ONNX Runtime session on every usable core at batch 1 (what a lone request
+    could get), timed between the rounds (the servers idle then); beside it a one-thread session whose CPU
+    per image is the engine's floor of the CPU per request."""
+
+    def __init__(self, artifact: Path, runs: int = 30):
+        import numpy as np
+        import onnxruntime as ort
+
+        from irpe.artifact import load_artifact
+        from irpe.server.config import usable_cpus
+
+        art = load_artifact(artifact)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads, self.threads = usable_cpus(), 1, usable_cpus()
+        self.session = ort.InferenceSession(str(artifact / art.onnx_file), so, providers=["CPUExecutionProvider"])
+        one = ort.SessionOptions()
+        one.intra_op_num_threads = one.inter_op_num_threads = 1
+        self.one = ort.InferenceSession(str(artifact / art.onnx_file), one, providers=["CPUExecutionProvider"])
+        self.feed = {art.input_name: np.zeros((1, 3, art.preprocess.crop, art.preprocess.crop), np.float32)}
+        self.runs, self.times, self.cpu = runs, [], []
+        self.session.run(None, self.feed)
+        self.one.run(None, self.feed)
+
+    def time(self) -> None:
+        """``runs`` timed calls."""
+        import time
+
+        for _ in range(self.runs):
+            start = time.perf_counter()
+            self.session.run(None, self.feed)
+            self.times.append(time.perf_counter() - start)
+            start = time.thread_time()
+            self.one.run(None, self.feed)
+            self.cpu.append(time.thread_time() - start)
+
+    def p50_ms(self) -> float:
+        """Median wall time of the every-core session (nan before any round)."""
+        return 1e3 * statistics.median(self.times) if self.times else float("nan")
+
+    def cpu_us(self) -> float:
+        """Median CPU-us per image of the one-thread session (nan before any round)."""
+        return 1e6 * statistics.median(self.cpu) if self.cpu else float("nan")

@@ -30,6 +30,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .floors import BareSession
+
 SERVERS = ("triton", "irpe")
 PROTOCOLS = ("http", "grpc")
 MODELS = ("near-free", "tiny", "deit-tiny")
@@ -70,11 +72,14 @@ _FIELDS = {"rps": r"Throughput: ([\d.]+) infer/sec", "p50_ms": r"p50 latency: (\
            "executions": r"Execution count: (\d+)"}
 
 
-def parse_output(text: str) -> Measure:
-    """The figures of one perf_analyzer run from its report (the last value of each field)."""
-    values: dict[str, float] = {}
+def parse_output(text: str, client_only: bool = False) -> Measure:
+    """The figures of one perf_analyzer run from its report (the last value of each field); ``client_only``:
+    a server without the statistics extension (its figures nan and 0)."""
+    values: dict[str, float] = {"server_ms": float("nan"), "inferences": 0, "executions": 0}
     for name, pattern in _FIELDS.items():
         found = re.findall(pattern, text)
+        if not found and client_only and name in values:
+            continue
         if not found:
             raise BenchError(f"perf_analyzer printed no {pattern.split(':')[0]!r}:\n{text[-2000:]}")
         v = float(found[-1])
@@ -118,7 +123,8 @@ def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:
             "-s", "1000", "--max-trials", "3"]
 
 
-def run_pa(command: list[str], args: list[str], timeout_s: float = 150.0, tries: int = 2) -> Measure:
+def run_pa(command: list[str], args: list[str], timeout_s: float = 150.0, tries: int = 2,
+           client_only: bool = False) -> Measure:
     """Run perf_analyzer once and parse its report. A run that found no stable window (a busy machine) or
     hung past ``timeout_s`` is repeated once with windows twice as long; one that stopped mid-run without a
     word (its memory cap: perf_analyzer 2.60 grows without bound at c=32) is repeated with the same windows,
@@ -133,7 +139,7 @@ def run_pa(command: list[str], args: list[str], timeout_s: float = 150.0, tries:
         text = f"{out.stdout}\n{out.stderr}"
         if out.returncode == 0 and "Throughput:" in out.stdout:
             try:
-                return parse_output(out.stdout)
+                return parse_output(out.stdout, client_only)
             except BenchError:
                 pass
         if attempt + 1 < tries and "--measurement-interval" in args and _unsettled(out.returncode, text):
@@ -192,7 +198,7 @@ def run_measured(command: list[str], t: Target, concurrency: int, interval_ms: i
     from .server_cpu import ServerCpu
 
     with ServerCpu(t.pid, t.stats_url, t.model) as meter:
-        m = run_pa(command, pa_args(t, concurrency, interval_ms))
+        m = run_pa(command, pa_args(t, concurrency, interval_ms), client_only=t.server == "floor")
     return dataclasses.replace(m, cpu_us=meter.us_per_request())
 
 
@@ -224,6 +230,8 @@ def format_cells(title: str, cells: list[Cell]) -> str:
     head = (f"{'proto':<5} {'conc':>4} {'Triton inf/s':>12} {'irpe inf/s':>10} {'irpe/Triton':>11} "
             f"{'p50 ms T/i':>12} {'p99 ms T/i':>12} {'outside ms T/i':>14} {'img/exec T/i':>12} "
             f"{'CPU us/req T/i':>15} {'CPU i/T':>7}")
+    if cells and "floor" in cells[0].runs:
+        head += f"  {'floor inf/s':>11} {'floor CPU us':>12}"
     if cells and "base" in cells[0].runs:
         head += f"  {'base inf/s':>9} {'irpe/base':>9} {'base p50':>8}"
     lines = [title, head]
@@ -233,10 +241,12 @@ def format_cells(title: str, cells: list[Cell]) -> str:
 
         base = (f"  {c.median('base', 'rps'):>9.0f} {c.ratio_to('irpe', 'base'):>9.2f} "
                 f"{c.median('base', 'p50_ms'):>8.1f}" if "base" in c.runs else "")
+        floor = (f"  {c.median('floor', 'rps'):>11.0f} {c.median('floor', 'cpu_us'):>12.0f}"
+                 if "floor" in c.runs else "")
         lines.append(f"{c.protocol:<5} {c.concurrency:>4} {c.median('triton', 'rps'):>12.0f} "
                      f"{c.median('irpe', 'rps'):>10.0f} {c.ratio():>11.2f} {pair('p50_ms'):>12} "
                      f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12} "
-                     f"{pair('cpu_us', '.0f'):>15} {c.cpu_ratio():>7.2f}{base}")
+                     f"{pair('cpu_us', '.0f'):>15} {c.cpu_ratio():>7.2f}{floor}{base}")
     return "\n".join(lines)
 
 
@@ -287,6 +297,7 @@ class Options:
     server_args: tuple[str, ...] = ()
     perf_analyzer: str | None = None
     baseline: str | None = None  # a git commit whose irpe serve runs beside as "base" (irpe/base printed)
+    floor: bool = True  # a minimal KServe handler on the same stack (bench/empty_kserve.py) measured beside
 
 
 def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str | None = None) -> list[Cell]:
@@ -303,6 +314,11 @@ def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str 
         if base:
             urls["base"] = stack.enter_context(irpe_server(artifact, opts.server_args, "grpc" in opts.protocols,
                                                            base))
+        if opts.floor:
+            from .empty_kserve import floor_server
+
+            urls["floor"] = stack.enter_context(floor_server(urls["irpe"]["http"], name,
+                                                             stack.enter_context(tempfile.TemporaryDirectory())))
         missing = [f"{s} over {p}" for s in urls for p in opts.protocols if p not in urls[s]]
         if missing:
             raise BenchError(f"no {', '.join(missing)} here: choose --protocols from what both serve")
@@ -316,53 +332,8 @@ def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str 
         return cells
 
 
-class BareSession:
-    """The engine alone: an ONNX Runtime session on every usable core at batch 1 (what a lone request
-    could get), timed between the rounds (the servers idle then); beside it a one-thread session whose CPU
-    per image is the engine's floor of the CPU per request."""
-
-    def __init__(self, artifact: Path, runs: int = 30):
-        import numpy as np
-        import onnxruntime as ort
-
-        from irpe.artifact import load_artifact
-        from irpe.server.config import usable_cpus
-
-        art = load_artifact(artifact)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads, self.threads = usable_cpus(), 1, usable_cpus()
-        self.session = ort.InferenceSession(str(artifact / art.onnx_file), so, providers=["CPUExecutionProvider"])
-        one = ort.SessionOptions()
-        one.intra_op_num_threads = one.inter_op_num_threads = 1
-        self.one = ort.InferenceSession(str(artifact / art.onnx_file), one, providers=["CPUExecutionProvider"])
-        self.feed = {art.input_name: np.zeros((1, 3, art.preprocess.crop, art.preprocess.crop), np.float32)}
-        self.runs, self.times, self.cpu = runs, [], []
-        self.session.run(None, self.feed)
-        self.one.run(None, self.feed)
-
-    def time(self) -> None:
-        """``runs`` timed calls."""
-        import time
-
-        for _ in range(self.runs):
-            start = time.perf_counter()
-            self.session.run(None, self.feed)
-            self.times.append(time.perf_counter() - start)
-            start = time.thread_time()
-            self.one.run(None, self.feed)
-            self.cpu.append(time.thread_time() - start)
-
-    def p50_ms(self) -> float:
-        """Median wall time of the every-core session (nan before any round)."""
-        return 1e3 * statistics.median(self.times) if self.times else float("nan")
-
-    def cpu_us(self) -> float:
-        """Median CPU-us per image of the one-thread session (nan before any round)."""
-        return 1e6 * statistics.median(self.cpu) if self.cpu else float("nan")
-
-
 def model_artifact(model: str, tmp: Path) -> Path:
-    """Export ``near-free`` (the near-free model, 224 px), ``tiny`` (the same model at 32 px in 4 px patches:
+    """Export ``near-free`` (the near-free model, 224 px), ``tiny`` (the same model at 32 px in 8 px patches:
     12 KB tensors, where the per-request cost shows) or ``deit-tiny`` (DeiT-Tiny iRPE-K, 224 px), random
     weights."""
     from .frontend import build_near_free
@@ -371,7 +342,7 @@ def model_artifact(model: str, tmp: Path) -> Path:
     out = tmp / model
     out.mkdir(parents=True)
     if model in ("near-free", "tiny"):
-        return build_near_free(out, *((224, 32) if model == "near-free" else (32, 4)))
+        return build_near_free(out, *((224, 32) if model == "near-free" else (32, 8)))
     return build_artifact(out)
 
 

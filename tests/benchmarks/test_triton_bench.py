@@ -72,6 +72,8 @@ def test_report_figures_and_client_minus_server() -> None:
     assert m.batch == pytest.approx(2870 / 1130)
     with pytest.raises(tb.BenchError, match="no 'Execution count'"):
         tb.parse_output(REPORT.replace("Execution count", "Runs"))
+    client = tb.parse_output(REPORT.split("  Server:")[0], client_only=True)  # a server without statistics
+    assert (client.rps, client.inferences, client.executions) == (250.731, 0, 0) and client.server_ms != 0.0
 
 
 def test_ratio_is_the_median_of_per_round_ratios_and_the_table_shows_it() -> None:
@@ -117,8 +119,10 @@ def test_one_short_real_run_measures_both_servers(tmp_path: Path, capsys) -> Non
         # the whole server tree's CPU per answered request: a tiny model's request costs some tens of us at
         # least and, on 2 loaded cores, well under 50 ms (the idle periods at the window's ends included)
         assert 20 < m.cpu_us < 50_000, (server, m.cpu_us)
+    (floor,) = cell.runs["floor"]  # the minimal KServe handler on irpe's stack: no model, no statistics
+    assert floor.rps > 0 and 5 < floor.cpu_us < 50_000 and floor.inferences == 0, floor
     out = capsys.readouterr().out
-    assert "irpe/Triton" in out and "CPU us/req T/i" in out and "engine floor" in out
+    assert "irpe/Triton" in out and "CPU us/req T/i" in out and "engine floor" in out and "floor CPU us" in out
 
 
 
