@@ -155,6 +155,20 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
     raise TimeoutError(f"{url} not ready within {timeout}s")
 
 
+def wait_every_front_end_ready(url: str, timeout: float = 60.0) -> None:
+    """10 new connections in a row answered /readyz 200: with --frontends the kernel spreads connections over
+    the front ends, and one may still be warming up when another already answers 200."""
+    import httpx
+
+    streak, deadline = 0, time.monotonic() + timeout
+    while streak < 10:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url}: /readyz not 200 on 10 connections in a row within {timeout}s")
+        with contextlib.suppress(httpx.HTTPError):
+            streak = streak + 1 if httpx.get(url + "/readyz", timeout=5).status_code == 200 else 0
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def serving_app(app: object) -> Iterator[str]:
     """A real uvicorn server for ``app`` on 127.0.0.1 in a thread; yields its base URL once bound (maybe not

@@ -4,6 +4,9 @@ over ``--frontends`` front ends."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reliability.procs import serving
-from tests.server.helpers import encode, image, make_slow_artifact
+from tests.reliability.procs import REPO, serving
+from tests.server.helpers import encode, free_port, image, make_slow_artifact, wait_every_front_end_ready
 
 CLIENTS = 6
+FLAGS = ("--max-batch", "1", "--inference-threads", "1")  # one image per engine call: requests wait their turn
 
 
 def ongoing(url: str) -> float:
@@ -28,8 +32,8 @@ def test_ongoing_requests_rise_under_load_and_fall_after(tmp_path: Path, fronten
     """Six clients at once on a slow engine that takes one image per call: the gauge reaches at least 4 while
     they wait (two may already be answered by the time it is read) and is 0 once every answer is back."""
     slow = make_slow_artifact(tmp_path / "slow", matmuls=30)
-    flags = ("--max-batch", "1", "--inference-threads", "1", "--frontends", frontends)
-    with serving(slow, *flags) as server:
+    with serving(slow, *FLAGS, "--frontends", frontends) as server:
+        wait_every_front_end_ready(server.url)
         assert ongoing(server.url) == 0
         statuses: list[int] = []
         post = {"content": encode(image()), "headers": {"content-type": "image/png"}, "timeout": 60}
@@ -47,4 +51,23 @@ def test_ongoing_requests_rise_under_load_and_fall_after(tmp_path: Path, fronten
         after = ongoing(server.url)
     assert statuses == [200] * CLIENTS
     assert peak >= 4, f"irpe_ongoing_requests peaked at {peak} with {CLIENTS} requests waiting"
+    assert after == 0
+
+
+def test_grpc_model_infer_counts_as_ongoing(tmp_path: Path) -> None:
+    """Six ModelInfer calls at once (tritonclient.grpc.aio, in a child process: tests/server/grpc_client.py's
+    burst) on the same slow engine: the gauge reaches at least 4 and is 0 once they are answered."""
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=30)
+    port = free_port()
+    with serving(slow, *FLAGS, "--grpc-port", str(port)) as server:
+        burst = subprocess.Popen([sys.executable, "-m", "tests.server.grpc_client", "burst", f"127.0.0.1:{port}", "",
+                                  str(CLIENTS)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        peak, deadline = 0.0, time.monotonic() + 60
+        while burst.poll() is None and time.monotonic() < deadline:
+            peak = max(peak, ongoing(server.url))
+            time.sleep(0.02)
+        out, _ = burst.communicate(timeout=60)
+        after = ongoing(server.url)
+    assert json.loads(out)["statuses"] == ["OK"] * CLIENTS
+    assert peak >= 4, f"irpe_ongoing_requests peaked at {peak} with {CLIENTS} calls waiting"
     assert after == 0
