@@ -1,12 +1,12 @@
 """The standard gRPC services beside ``inference.GRPCInferenceService``: ``grpc.health.v1.Health`` and server
 reflection (:mod:`.reflection`).
 
-Health answers from the readiness ``/readyz`` answers from (:attr:`Service.ready
-<..pipeline.service.Service.ready>` after :meth:`~..pipeline.service.Service.check_workers`), read at the time of
-each call: SERVING while the default model has a READY version, NOT_SERVING while it warms up, is unloaded or
-its inference cannot go on, and from the moment the server stops. The service names it knows are ``""`` (the
-server) and ``inference.GRPCInferenceService``; Check with any other name answers NOT_FOUND, Watch answers
-SERVICE_UNKNOWN, as the health protocol says.
+Health answers from the readiness ``/readyz`` answers from (:attr:`Service.routable
+<..pipeline.service.Service.routable>` after :meth:`~..pipeline.service.Service.check_workers`), read at the time
+of each call: SERVING while the default model has a READY version, NOT_SERVING while it warms up, is unloaded or
+its inference cannot go on, while the server drains (``--drain-s``), and from the moment the server stops. The
+service names it knows are ``""`` (the server) and ``inference.GRPCInferenceService``; Check with any other name
+answers NOT_FOUND, Watch answers SERVICE_UNKNOWN, as the health protocol says.
 
 Watch sends the status when the call starts and then only when it changes. It holds no queue: a stream wakes
 on every change of what the host serves and, between changes, every :data:`WATCH_POLL_S` seconds (a dead
@@ -72,7 +72,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         if self.stopping:
             return NOT_SERVING
         self.service.check_workers()
-        return SERVING if self.service.ready else NOT_SERVING
+        return SERVING if self.service.routable else NOT_SERVING
 
     async def Check(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:

@@ -101,7 +101,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @rpc()
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
         self.service.check_workers()
-        return pb.ServerReadyResponse(ready=self.service.ready)
+        return pb.ServerReadyResponse(ready=self.service.routable)  # as /v2/health/ready: false while draining
 
     @rpc()
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:

@@ -235,3 +235,28 @@ def test_every_front_end_follows_an_unload_and_load(tiny_artifact: Path) -> None
     finally:
         assert proc.stop() in (0, -15), proc.output()[-3000:]
         proc.log.unlink(missing_ok=True)
+
+
+def test_health_and_server_ready_turn_not_serving_while_the_server_drains(tiny_artifact: Path) -> None:
+    """``--drain-s``: from SIGTERM, Check answers NOT_SERVING and ServerReady false, as /readyz turns 503, while a
+    keyed call on the open channel is still answered; the process then exits no sooner than the drain."""
+    drain_s = 5.0  # the checks take well under a second on a quiet machine; the rest is margin for a loaded one
+    proc = start_server(tiny_artifact, "--grpc-port", "0", "--drain-s", str(drain_s), env=server_env(IRPE_API_KEY=KEY))
+    try:
+        with grpc.insecure_channel(grpc_address(proc)) as chan:
+            server_ready = chan.unary_unary(f"/{SERVICE}/ServerReady")  # raw bytes: ready=true is b"\x08\x01"
+            keyed = (("authorization", f"Bearer {KEY}"),)
+            assert check(chan) == SERVING and server_ready(b"", metadata=keyed, timeout=10) == b"\x08\x01"
+            signalled = time.monotonic()
+            proc.proc.terminate()
+            while check(chan) == SERVING:
+                assert time.monotonic() - signalled < drain_s, "Check still SERVING during the drain"
+                time.sleep(0.05)
+            assert server_ready(b"", metadata=keyed, timeout=10) == b""  # ready=false: the default, not written
+            assert httpx.get(f"{proc.url}/readyz", timeout=5).status_code == 503
+            assert time.monotonic() - signalled < drain_s, "the checks above took longer than the drain"
+        assert proc.proc.wait(drain_s + 30) in (0, -15)
+        assert time.monotonic() - signalled >= drain_s - 0.2  # the drain is waited out (0.2 s: timer rounding)
+    finally:
+        proc.stop()
+        proc.log.unlink(missing_ok=True)
