@@ -31,7 +31,7 @@ def import_tree(ref: str, out: Path, repo: Path = REPO) -> Path | None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(src, filter="data")
     tree = out / "tree"
-    shutil.copytree(src / "irpe", tree / "irpe")
+    shutil.copytree(src / "cli" if (src / "cli").is_dir() else src / "irpe", tree / "irpe")  # irpe is cli/ now
     for name in SUBPACKAGES:
         if (src / name).is_dir():
             shutil.copytree(src / name, tree / "irpe" / name)

@@ -70,6 +70,7 @@ def test_import_tree_runs_another_commit(tmp_path: Path) -> None:
     """The baseline is a commit laid out as the installed package, with its own compiled resize kernels."""
     tree = import_tree("HEAD", tmp_path / "b")
     assert tree is not None and (tree / "irpe" / "server" / "http" / "app.py").is_file()
+    assert (tree / "irpe" / "cli.py").is_file()  # the top-level package is the checkout's cli/ folder
     out = subprocess.run([sys.executable, "-c", "import irpe.server.http.app as a, irpe.artifact.resample as r;"
                           "print(a.__file__, r.available())"], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(tree)}, check=True).stdout.split()
