@@ -149,7 +149,7 @@ def load_checkout_package():
 def test_the_package_links_follow_pyproject_with_and_without_tomllib(monkeypatch, tmp_path):
     checkout_package = load_checkout_package()
     mapping = checkout_package.package_dirs(ROOT / "pyproject.toml")
-    assert mapping["irpe.plugins"] == "plugins" and mapping["irpe"] == "irpe"
+    assert mapping["irpe.plugins"] == "plugins" and mapping["irpe"] == "cli"
     monkeypatch.setitem(sys.modules, "tomllib", None)  # Python 3.10 has none: the one-line pattern reads it
     assert checkout_package.package_dirs(ROOT / "pyproject.toml") == mapping
     checkout_package.build(tmp_path)
