@@ -14,12 +14,12 @@ from .config import Settings
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def configure_logging(settings: Settings) -> None:
     """Log lines with time and logger name at the configured level."""
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
 
 
 def raise_open_file_limit() -> int:

@@ -2,7 +2,7 @@
 
 - ``X-Request-Id``: taken from the request when it is a short printable token, else a new one; echoed on
   the response, put in ``request.state.request_id`` (the /v2 ``id`` when the client sent none) and in the
-  access log line (logger ``irpe.access``, INFO).
+  access log line (logger ``irpe.access``, INFO; :mod:`.accesslog`).
 - ``traceparent``: a valid incoming W3C header makes this request's span a child of the caller's; the
   response carries ``traceparent`` with the same trace id and this server's span id (a ``tracestate``
   valid by W3C's grammar and limits is passed through; another is dropped). Without one, a new trace starts.
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..pipeline.oip import random_id
+from .accesslog import log_access
 
 log = logging.getLogger("irpe.server")
-access = logging.getLogger("irpe.access")
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
@@ -165,8 +165,8 @@ class TraceMiddleware:
     def _finish(scope: Scope, span: Any, status: int, start: float, request_id: str, mine: TraceParent) -> None:
         ms = (time.perf_counter() - start) * 1e3
         client = scope.get("client") or ("-", 0)
-        access.info('%s "%s %s" %d %.1fms request_id=%s trace_id=%s', client[0], printable(scope["method"], 16),
-                    printable(scope["path"]), status, ms, request_id, mine.trace_id)
+        log_access(client[0], printable(scope["method"], 16), printable(scope["path"]), status, ms, request_id,
+                   mine.trace_id)
         if span is not None:
             from opentelemetry.trace import Status, StatusCode
 
