@@ -105,12 +105,16 @@ def ray_serve(port: int, workers: int = 2, **serve_options: Any) -> Iterator[Ray
     """
     import ray
     from ray import serve
+    from ray._common.utils import get_ray_address_file
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
     assert not ray_constants.ENABLE_RAY_CLUSTER, "Ray was imported before tests/server/hosting/ray_cluster.py"
 
     temp = tempfile.mkdtemp(prefix="irpe-ray-")
+    # Cluster() records the head's address in Ray's default temp folder whatever temp_dir says, and fails where
+    # that folder does not exist yet (a fresh machine)
+    Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
     head = {**NODE, "include_dashboard": False, "dashboard_host": HOST, "temp_dir": temp}
     cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
