@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.reliability.procs import ServerProcess, server_env, serving, start_server
 from tests.server.helpers import LABELS, expected_logits
+from tests.server.kserve_child import run_in_child
 
 MODEL = "tiny-mean"
 MAX_QUEUE = 8
@@ -201,33 +202,47 @@ def test_aio_client_routes_errors_and_concurrency(server: ServerProcess) -> None
 
 
 def test_kserve_client(server: ServerProcess) -> None:
+    """The kserve SDK's InferenceRESTClient (in a process of its own: tests/server/kserve_child.py): health,
+    model readiness, binary and JSON infer, and its errors."""
+    messages = run_in_child("tests.server.http.test_kserve:kserve_client_checks", server.url)
+    assert len(messages) == 2, messages
+    listing = httpx.get(server.url + "/v2/models").json()  # KServe's list route (no client method for it)
+    assert listing == {"models": [MODEL]}
+
+
+def kserve_client_checks(url: str) -> list[str]:
+    """The kserve SDK's side of :func:`test_kserve_client`. Returns the two errors' texts."""
     from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
-    async def main() -> None:
+    async def main() -> list[str]:
         client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
         try:
-            assert await client.is_server_live(server.url) and await client.is_server_ready(server.url)
-            assert await client.is_model_ready(server.url, MODEL)
-            assert not await client.is_model_ready(server.url, "nope")
+            assert await client.is_server_live(url) and await client.is_server_ready(url)
+            assert await client.is_model_ready(url, MODEL)
+            assert not await client.is_model_ready(url, "nope")
             x = _images(2)
             for binary in (True, False):
                 inp = InferInput("images", list(x.shape), "FP32")
                 inp.set_data_from_numpy(x, binary_data=binary)
-                res = await client.infer(server.url, InferRequest(MODEL, [inp], request_id="k-1"), model_name=MODEL)
+                res = await client.infer(url, InferRequest(MODEL, [inp], request_id="k-1"), model_name=MODEL)
                 assert res.id == "k-1" and res.model_name == MODEL
                 assert np.allclose(res.outputs[0].as_numpy(), expected_logits(x), atol=1e-4)
             bad = InferInput("images", [1, 3, 32, 32], "FP64")
             bad.set_data_from_numpy(np.zeros((1, 3, 32, 32)), binary_data=True)
+            messages = []
             for model, req, needle in ((MODEL, InferRequest(MODEL, [bad]), "expects 'FP32'"),
                                        ("nope", InferRequest("nope", [inp]), "unknown model")):
                 with pytest.raises(httpx.HTTPStatusError) as info:
-                    await client.infer(server.url, req, model_name=model)
-                print(f"kserve: {info.value}")
-                assert needle in str(info.value)
+                    await client.infer(url, req, model_name=model)
+                assert needle in str(info.value), str(info.value)
+                messages.append(str(info.value))
+            return messages
         finally:
             await client.close()
 
-    asyncio.run(main())
+    return asyncio.run(main())
+
+
     listing = httpx.get(server.url + "/v2/models").json()  # KServe's list route (no client method for it)
     assert listing == {"models": [MODEL]}
 

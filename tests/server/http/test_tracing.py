@@ -20,6 +20,7 @@ import pytest
 from irpe.server.http.tracing import parse_traceparent, request_id_from
 from tests.reliability.procs import ServerProcess, server_env, start_server
 from tests.server.helpers import encode, free_port, image
+from tests.server.kserve_child import run_in_child
 
 MODEL = "tiny-mean"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -101,24 +102,7 @@ def test_traceparent_parsing() -> None:
 
 
 def test_kserve_infer_span_is_a_child_of_the_callers(traced: ServerProcess, collector: Collector) -> None:
-    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
-
-    async def main() -> dict[str, str]:
-        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
-        x = InferInput("images", [1, 3, 32, 32], "FP32")
-        x.set_data_from_numpy(np.zeros((1, 3, 32, 32), np.float32), binary_data=True)
-        seen: dict[str, str] = {}
-        req = InferRequest(MODEL, [x])  # kserve adds a uuid id when sending
-        try:
-            res = await client.infer(traced.url, req, model_name=MODEL, response_headers=seen,
-                                     headers={"traceparent": f"00-{TRACE_ID}-{PARENT}-01", "tracestate": "k=v",
-                                              "x-request-id": "req-42"})
-        finally:
-            await client.close()
-        assert res.id  # kserve sends a uuid of its own; it is echoed
-        return seen
-
-    headers = asyncio.run(main())
+    headers = run_in_child("tests.server.http.test_tracing:kserve_infer_headers", traced.url)
     echoed = parse_traceparent(headers["traceparent"])
     assert echoed is not None and echoed.trace_id == TRACE_ID and echoed.span_id != PARENT
     assert headers["x-request-id"] == "req-42" and headers["tracestate"] == "k=v"
@@ -155,3 +139,26 @@ def test_without_traceparent_a_new_trace_starts_and_errors_are_spans_too(traced:
     (span,) = collector.wait_for(lambda s: s.trace_id.hex() == other.trace_id)
     attrs = {a.key: a.value for a in span.attributes}
     assert attrs["http.response.status_code"].int_value == 404
+
+
+def kserve_infer_headers(url: str) -> dict[str, str]:
+    """One infer through the kserve SDK's InferenceRESTClient with a traceparent, tracestate and x-request-id (in a
+    process of its own: tests/server/kserve_child.py). Returns the response's headers."""
+    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+
+    async def main() -> dict[str, str]:
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=30))
+        x = InferInput("images", [1, 3, 32, 32], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 32, 32), np.float32), binary_data=True)
+        seen: dict[str, str] = {}
+        req = InferRequest(MODEL, [x])  # kserve adds a uuid id when sending
+        try:
+            res = await client.infer(url, req, model_name=MODEL, response_headers=seen,
+                                     headers={"traceparent": f"00-{TRACE_ID}-{PARENT}-01", "tracestate": "k=v",
+                                              "x-request-id": "req-42"})
+        finally:
+            await client.close()
+        assert res.id  # kserve sends a uuid of its own; it is echoed
+        return dict(seen)
+
+    return asyncio.run(main())
