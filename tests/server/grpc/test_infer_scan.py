@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.server.grpc_hostile import varint
+
 REPO = Path(__file__).resolve().parents[3]
 CHECKS = ("shape", "parameters", "strings", "groups", "real_requests", "huge_messages_cost_nothing")
 FAST_S = 0.25  # a refusal of a 19 MB message takes ~1 ms; the margin is for this shared 2-core machine
@@ -76,7 +78,7 @@ def _check_parameters() -> None:
     _refused(_request([1, 3, 32, 32], params=400).SerializeToString(), "more than 2048 fields in all")
     entry = b"\x22\x0a\x0a\x02p0\x12\x04\x10\x01\x10\x02"  # parameters {key "p0", value {int64_param 1, 2}}
     tensor = b"\x0a\x06images" + entry * 1_000_000
-    _refused(b"\x2a" + _varint(len(tensor)) + tensor, "more than 2048 fields in all")
+    _refused(b"\x2a" + varint(len(tensor)) + tensor, "more than 2048 fields in all")
 
 
 def _check_strings() -> None:
@@ -134,23 +136,14 @@ def _check_huge_messages_cost_nothing() -> None:
     """A 19 M-dimension shape and 1 M parameters (19 and 15 MB) are refused in about a millisecond each, with
     messages of a few hundred bytes."""
     _, scan = _modules()
-    shape = b"\x0a\x06images\x12\x04FP32\x1a" + _varint(19_000_000) + b"\x01" * 19_000_000
-    attacks = [b"\x2a" + _varint(len(shape)) + shape]
+    shape = b"\x0a\x06images\x12\x04FP32\x1a" + varint(19_000_000) + b"\x01" * 19_000_000
+    attacks = [b"\x2a" + varint(len(shape)) + shape]
     entries = b"".join(b"\x22\x0b\x0a\x03p%02d\x12\x04\x10\x01\x10\x02" % (i % 100) for i in range(1_000_000))
     tensor = b"\x0a\x06images" + entries
-    attacks.append(b"\x2a" + _varint(len(tensor)) + tensor)
+    attacks.append(b"\x2a" + varint(len(tensor)) + tensor)
     for data in attacks:
         start = time.perf_counter()
         with pytest.raises(scan.OverLimit) as refused:
             scan.cuts(data)
         took = time.perf_counter() - start
         assert took < FAST_S and len(str(refused.value)) < 300, (took, str(refused.value))
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
