@@ -176,6 +176,8 @@ class Batcher(BatchQueue):
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = 0  # batches in flight
+        self._idle = 0  # inference threads waiting for a queued image
+        self._filling = 0  # inference threads waiting to fill a batch while another one runs
         self._per_image_s = 0.0
         self.stats = ModelStats()
         self._dead = False  # set by an inference thread that ends while not stopping
@@ -230,7 +232,8 @@ class Batcher(BatchQueue):
                 raise QueueFullError(self._retry_after())
             self._queue.extend(items)
             self.metrics.queue_depth.set(len(self._queue))
-            self._cond.notify()  # one free thread takes it; waking them all costs GIL hand-offs per request
+            if self._idle or (self._filling and len(self._queue) >= self.max_batch):
+                self._cond.notify()  # one thread that acts on it: waking more costs GIL hand-offs per request
         timer = loop.call_later(timeout, _expire, items) if timeout is not None else None  # no wait_for task
         reason = ""
         try:
@@ -258,7 +261,11 @@ class Batcher(BatchQueue):
                 while not self._queue:
                     if self._stopping:
                         return None
-                    self._cond.wait()
+                    self._idle += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._idle -= 1
                 self._wait_to_fill()
                 while self._queue and self._queue[0].future.done():
                     self._queue.popleft()
@@ -278,7 +285,11 @@ class Batcher(BatchQueue):
             remaining = self._queue[0].enqueued + self.max_wait - time.perf_counter()
             if remaining <= 0:
                 return
-            self._cond.wait(remaining)
+            self._filling += 1  # a submit wakes this thread only once max_batch images are queued
+            try:
+                self._cond.wait(remaining)
+            finally:
+                self._filling -= 1
 
     def _thread(self) -> None:
         try:

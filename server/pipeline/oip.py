@@ -22,6 +22,7 @@ from ..errors import APIError
 from ..hosting.version import ModelVersion, VersionState
 from .service import Service
 from .sysshm import OwnedRegions
+from .tensors import all_finite
 
 DATATYPE = "FP32"
 SERVER_NAME = "irpe-deploy"
@@ -274,7 +275,7 @@ def check_batch(images: int, max_images: int) -> None:
 def check_images(images: np.ndarray, max_images: int) -> np.ndarray:
     """At most ``max_images`` images (:func:`max_images`: Triton's 400), finite values only (400)."""
     check_batch(len(images), max_images)
-    if not np.isfinite(images).all():
+    if not all_finite(images):
         raise ProtocolError(f"input data has {int((~np.isfinite(images)).sum())} non-finite value(s) (NaN or "
                             "+-Inf, or beyond the FP32 range); this server accepts finite numbers only")
     return images
