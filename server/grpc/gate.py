@@ -17,9 +17,12 @@ before any request message is read.
   ``--max-connections`` at once, calls without the key at most a few, per process and per connection, with
   short deadlines and a lifetime, so they never take the room of keyed calls.
 - A keyed unary request's message must arrive within ``--body-timeout-s`` of the call's start, a stream's next
-  message within ``--grpc-idle-timeout-s`` of the previous one (DEADLINE_EXCEEDED after).
-- Messages are parsed here, not by gRPC: a large one (:data:`OFF_LOOP_BYTES`) in a thread, off the event loop;
-  one that does not parse is INVALID_ARGUMENT with one log line.
+  message within ``--grpc-idle-timeout-s`` of the previous one (DEADLINE_EXCEEDED after: :mod:`.deadlines`). A
+  keyed unary call is counted into its lane here, at call start, and its message read by grpc.aio as for any
+  unary handler (the deadline kept by :mod:`.deadlines`); a stream's messages, and a keyless call's, are read by
+  the gate's handler (also a unary call's where grpcio's call state is not found).
+- Messages are parsed by the gate's handlers, not by gRPC: a large one (:data:`~.deadlines.OFF_LOOP_BYTES`) in a
+  thread, off the event loop; one that does not parse is INVALID_ARGUMENT with one log line.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from ..auth import bearer_matches
 from ..config import Settings
 from ..errors import APIError
 from ..pipeline.control import check_admin
-from .lanes import Deadlines, KeylessLane, Lane, rebuilt
+from .deadlines import OFF_LOOP_BYTES, Deadlines, MessageError, call_state, unparsed
+from .lanes import KeylessLane, Lane, rebuilt
 from .limits import GrpcLimits
 from .status import grpc_code
 
@@ -49,16 +53,7 @@ REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/"  # the protocol's sche
 COLLECT_BYTES = 16 << 20  # headers received between two collections of the garbage they leave (module docstring)
 HEADER_FIELD_BYTES = 32  # what HTTP/2 adds to each header field's name and value when it counts a header list
 ADMIN = frozenset({SERVICE + "RepositoryModelLoad", SERVICE + "RepositoryModelUnload"})
-OFF_LOOP_BYTES = 1 << 20  # messages at least this large are parsed in a thread
 Observe = Callable[[str, grpc.StatusCode, float], None]
-
-
-class MessageError(Exception):
-    """A request message that did not arrive in time, or does not parse: the call ends with ``code``."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 def authorization(metadata: Any) -> str:
@@ -95,7 +90,10 @@ class CallGate(grpc.aio.ServerInterceptor):
         self.keyed, self.keyless = Lane(limits), KeylessLane(limits)
         self._bounded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._keyless: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._read_by_grpc: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self.deadlines = Deadlines()
+        self._late = (f"request message not received within {self.keyed.message_timeout_s:g}s "
+                      f"({self.keyed.message_flag})")
         self.headers_uncollected = 0  # bytes of headers received since the last collection they asked for
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
@@ -112,11 +110,7 @@ class CallGate(grpc.aio.ServerInterceptor):
             The handler, or None for an unknown method (gRPC answers UNIMPLEMENTED).
         """
         method, metadata = handler_call_details.method, handler_call_details.invocation_metadata
-        size = header_bytes(method, metadata)
-        self.headers_uncollected += size
-        if self.headers_uncollected >= COLLECT_BYTES:  # grpcio keeps each call's metadata in a reference cycle
-            self.headers_uncollected = 0
-            asyncio.get_running_loop().call_soon(gc.collect, 1)
+        size = self.received(method, metadata)
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -131,10 +125,76 @@ class CallGate(grpc.aio.ServerInterceptor):
             if cached is None or cached[0] is not handler:
                 cached = self._keyless[method] = (handler, self.bounded(self.keyless_form(handler), self.keyless))
             return cached[1]
+        if not (handler.request_streaming or handler.response_streaming):
+            task = asyncio.current_task()
+            state = call_state(task)
+            if state is not None:  # the call can be ended before its handler starts: grpc.aio reads the message
+                return self.admitted_unary(method, handler, task, state)  # type: ignore[arg-type]
         cached = self._bounded.get(method)
         if cached is None or cached[0] is not handler:
             cached = self._bounded[method] = (handler, self.bounded(handler, self.keyed))
         return cached[1]
+
+    def admitted_unary(self, method: str, handler: grpc.RpcMethodHandler, task: asyncio.Task[Any],
+                       state: Any) -> grpc.RpcMethodHandler:
+        """A keyed unary call whose message grpc.aio reads: counted into the keyed lane now (until ``task``, which
+        serves it, is done), its message due within ``--body-timeout-s`` (:meth:`.deadlines.Deadlines.watch_start`).
+
+        Args:
+            method: the call's full method name.
+            handler: the service's handler of the method.
+            task: the task serving the call.
+            state: the call's state (:func:`.deadlines.call_state`).
+
+        Returns:
+            The handler the call runs (a refusal when the lane is full).
+        """
+        refused = self.keyed.enter(None)
+        if refused is not None:
+            return refusal(handler, grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+        task.add_done_callback(self._unary_done)
+        self.deadlines.watch_start(task, self.keyed.message_timeout_s, state, self._late)
+        cached = self._read_by_grpc.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._read_by_grpc[method] = (handler, self.read_by_grpc(handler))
+        return cached[1]
+
+    def _unary_done(self, task: asyncio.Task[Any]) -> None:
+        self.deadlines.ended(task)
+        self.keyed.leave(None)
+
+    def read_by_grpc(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` (unary) given its message as grpc.aio reads it, parsed here: off the loop when large, a
+        message that does not parse INVALID_ARGUMENT (module docstring).
+
+        Args:
+            handler: the service's handler of the method.
+
+        Returns:
+            The handler the call runs (gRPC passes it the raw message).
+        """
+        behavior, parse, started = handler.unary_unary, handler.request_deserializer, self.deadlines.started
+
+        async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            if not started(asyncio.current_task()):
+                raise asyncio.CancelledError  # too late: the sweep is ending the call DEADLINE_EXCEEDED
+            try:
+                request = raw if parse is None else \
+                    await asyncio.to_thread(parse, raw) if len(raw) >= OFF_LOOP_BYTES else parse(raw)
+            except Exception as e:  # a deserializer's error: DecodeError for protobuf
+                await _end(context, unparsed(raw, e))
+            return await behavior(request, context)
+        return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
+
+    def received(self, method: str, metadata: Any) -> int:
+        """The size of a call's headers (:func:`header_bytes`), counted towards the next collection of the garbage
+        they leave (grpcio keeps each call's metadata in a reference cycle: module docstring)."""
+        size = header_bytes(method, metadata)
+        self.headers_uncollected += size
+        if self.headers_uncollected >= COLLECT_BYTES:
+            self.headers_uncollected = 0
+            asyncio.get_running_loop().call_soon(gc.collect, 1)
+        return size
 
     def check_headers(self, size: int) -> None:
         """Whether the call's headers fit ``--max-header-kb``.
@@ -275,7 +335,7 @@ class CallGate(grpc.aio.ServerInterceptor):
         Raises:
             MessageError: late, not parseable, or missing.
         """
-        request = await self.next_message(context, parse, lane.message_timeout_s, lane.message_flag)
+        request = await self.deadlines.read(context, parse, lane.message_timeout_s, lane.message_flag)
         if request is grpc.aio.EOF:
             raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
         return request
@@ -295,47 +355,9 @@ class CallGate(grpc.aio.ServerInterceptor):
         Raises:
             MessageError: a request late or not parseable.
         """
-        while (request := await self.next_message(context, parse, lane.stream_timeout_s,
+        while (request := await self.deadlines.read(context, parse, lane.stream_timeout_s,
                                                   lane.stream_flag)) is not grpc.aio.EOF:
             yield request
-
-    async def next_message(self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None,
-                           timeout_s: float, flag: str) -> Any:
-        """The call's next message within ``timeout_s`` (``flag`` sets it), parsed with ``parse``; ``grpc.aio.EOF``
-        when the client sent no more. (``context.read()`` costs less than the request iterator, and the
-        :class:`Deadlines` sweep less than a timer per call.)
-
-        Args:
-            context: the call.
-            parse: the method's request deserializer (None: the raw bytes).
-            timeout_s: how long the message may take.
-            flag: the setting of ``timeout_s``, named in the error.
-
-        Returns:
-            The request, or ``grpc.aio.EOF``.
-
-        Raises:
-            MessageError: late (DEADLINE_EXCEEDED) or not parseable (INVALID_ARGUMENT).
-        """
-        task = self.deadlines.watch(timeout_s)
-        try:
-            raw = await context.read()
-        except asyncio.CancelledError:
-            if not self.deadlines.expired(task):
-                raise
-            raise MessageError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request message not received within "
-                               f"{timeout_s:g}s ({flag})") from None
-        finally:
-            self.deadlines.forget(task)
-        if parse is None or raw is grpc.aio.EOF:
-            return raw
-        try:
-            return await asyncio.to_thread(parse, raw) if len(raw) >= OFF_LOOP_BYTES else parse(raw)
-        except Exception as e:  # a deserializer's error: DecodeError for protobuf
-            log.info("refusing a gRPC request message of %d bytes: %s", len(raw), e)
-            raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, f"request message of {len(raw)} bytes refused: "
-                               f"{e or 'not a protobuf message of this RPC'}") from None
-
 
 async def _end(context: grpc.aio.ServicerContext, error: MessageError) -> None:
     await context.abort(error.code, error.message)

@@ -27,7 +27,6 @@ from google.protobuf.message import DecodeError
 from .limits import KEYLESS_CALLS, KEYLESS_MESSAGE_BYTES, KEYLESS_PER_CONNECTION, GrpcLimits
 
 Behavior = Callable[..., Any]
-SWEEP_S = 0.25  # how often late request messages are looked for (a deadline is kept to within this)
 
 
 class Lane:
@@ -122,50 +121,6 @@ class KeylessLane(Lane):
             except TimeoutError:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
         return timed
-
-
-class Deadlines:
-    """The calls waiting for a request message, each with its deadline. One sweep every :data:`SWEEP_S` (while
-    any wait) cancels the late ones, instead of a timer per call (measured: a timer per call cost ~15 us)."""
-
-    def __init__(self) -> None:
-        self._due: dict[asyncio.Task[Any], float] = {}
-        self._cancelled: set[asyncio.Task[Any]] = set()
-        self._sweeper: asyncio.Task[None] | None = None
-
-    def watch(self, seconds: float) -> asyncio.Task[Any]:
-        """Start the deadline of the current task's wait; returns the task."""
-        task = asyncio.current_task()
-        assert task is not None
-        loop = task.get_loop()
-        self._due[task] = loop.time() + seconds
-        if self._sweeper is None:
-            self._sweeper = loop.create_task(self._sweep())
-        return task
-
-    def forget(self, task: asyncio.Task[Any]) -> None:
-        """The wait of ``task`` ended."""
-        self._due.pop(task, None)
-        self._cancelled.discard(task)
-
-    def expired(self, task: asyncio.Task[Any]) -> bool:
-        """Whether the sweep cancelled ``task`` (then its cancellation is taken back: the call goes on to end
-        with DEADLINE_EXCEEDED)."""
-        if task not in self._cancelled:
-            return False
-        task.uncancel()
-        return True
-
-    async def _sweep(self) -> None:
-        try:
-            while self._due:
-                await asyncio.sleep(SWEEP_S)
-                now = asyncio.get_running_loop().time()
-                for task in [t for t, due in self._due.items() if due <= now and t not in self._cancelled]:
-                    self._cancelled.add(task)
-                    task.cancel()
-        finally:
-            self._sweeper = None
 
 
 def rebuilt(handler: grpc.RpcMethodHandler, behavior: Callable[..., Awaitable[Any]],

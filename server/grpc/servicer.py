@@ -28,7 +28,7 @@ from ..pipeline.peer import Endpoint
 from ..pipeline.service import Service
 from ..pipeline.sysshm import SharedMemoryRegistry
 from . import client_shm, codec
-from .gate import MessageError
+from .deadlines import MessageError
 from .handlers import InferCall
 from .status import grpc_code
 
