@@ -56,9 +56,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 class IrpeApp(FastAPI):
-    """FastAPI, with the common ``POST /classify`` and ``POST /v2/models/{m}/infer`` sent through our
-    middleware to their endpoints directly (:mod:`.classify`, :mod:`.infer_fast`); every other request takes
-    FastAPI's way."""
+    """FastAPI, with the common ``POST /classify`` sent through our middleware to its endpoint directly
+    (:mod:`.classify`) and ``POST /v2/models/{m}/infer`` to an endpoint doing the middleware's work itself
+    (:mod:`.infer_fast`); every other request takes FastAPI's way."""
 
     classify_stack: Any = None
     infer_stack: Any = None
@@ -103,10 +103,9 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     tracer = otlp_tracer()
     app.add_middleware(ObserveMiddleware, service=service)
     app.add_middleware(TraceMiddleware, tracer=tracer)  # outermost: request id + trace on every answer
-    app.classify_stack = TraceMiddleware(ObserveMiddleware(classify.ClassifyEndpoint(service), service=service),
-                                         tracer=tracer)
-    app.infer_stack = TraceMiddleware(ObserveMiddleware(infer_fast.InferEndpoint(service), service=service),
-                                      tracer=tracer)
+    observe = ObserveMiddleware(classify.ClassifyEndpoint(service), service=service)
+    app.classify_stack = TraceMiddleware(observe, tracer=tracer)
+    app.infer_stack = infer_fast.InferEndpoint(service, observe, tracer)  # both middlewares' work inside
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
     install_api_docs(app)  # /docs with its assets from this host (no CDN); no /redoc
     _declare_real_errors(app)

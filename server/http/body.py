@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header  # python-multipart's
@@ -21,16 +22,37 @@ def _too_large(limit: int) -> APIError:
 
 def check_content_length(request: Request, limit: int) -> None:
     """Refuse a declared body over ``limit`` before reading a byte of it."""
-    declared = request.headers.get("content-length", "")
+    check_declared(request.headers.get("content-length", ""), limit)
+
+
+def check_declared(declared: str, limit: int) -> None:
+    """Refuse a body whose Content-Length header (``declared``; "" when absent) is over ``limit``."""
     if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit)
 
 
 async def read_limited(request: Request, limit: int) -> bytes:
-    """The whole body (at most ``limit`` bytes): the ASGI messages read directly (no async-generator chain;
-    a body in one message is returned without a copy)."""
-    check_content_length(request, limit)
-    receive = request.receive
+    """The whole body of ``request`` (at most ``limit`` bytes): :func:`read_body`."""
+    return await read_body(request.receive, limit, request.headers.get("content-length", ""))
+
+
+async def read_body(receive: Any, limit: int, declared: str = "") -> bytes:
+    """The whole body (at most ``limit`` bytes; ``declared``: the Content-Length header, checked first): the
+    ASGI messages read directly (no async-generator chain; a body in one message is returned without a copy).
+
+    Args:
+        receive: the request's ASGI ``receive``.
+        limit: the most bytes taken.
+        declared: the request's Content-Length ("" when absent).
+
+    Returns:
+        The body.
+
+    Raises:
+        APIError: 413 over ``limit``.
+        ClientDisconnect: the client left before the body was in.
+    """
+    check_declared(declared, limit)
     chunks = []
     total = 0
     while True:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..pipeline.service import Service
 from ..pipeline.sysshm import OwnedRegions
 from . import control, shm_access
 from . import kserve_codec as codec
-from .body import read_limited
+from .body import read_body
 from .errors import v2_error_responses
 from .routes import service_of
 
@@ -41,6 +42,41 @@ def _request_id(request: Request) -> str:
     return getattr(request.state, "request_id", "") or oip.random_id()
 
 
+class InferHeaders(NamedTuple):
+    """The request headers an infer reads, each the first of its name as ``request.headers.get`` gives it."""
+
+    content_length: str = ""
+    content_encoding: str = ""
+    header_length: str | None = None  # Inference-Header-Content-Length
+    accept_encoding: str | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> InferHeaders:
+        """The headers of a Starlette request."""
+        h = request.headers
+        return cls(h.get("content-length", ""), h.get("content-encoding", ""), h.get(HEADER_LEN),
+                   h.get("accept-encoding"))
+
+
+class Answer(NamedTuple):
+    """An infer's 200: the body, the JSON header's length when binary outputs follow it, the content encoding."""
+
+    body: bytes
+    json_len: int | None
+    encoding: str | None
+
+    def headers(self) -> dict[str, str]:
+        """Its headers besides Content-Type and Content-Length."""
+        headers = {"Inference-Header-Content-Length": str(self.json_len)} if self.json_len is not None else {}
+        if self.encoding:
+            headers["Content-Encoding"] = self.encoding
+        return headers
+
+    @property
+    def media_type(self) -> str:
+        return "application/json" if self.json_len is None else "application/octet-stream"
+
+
 class Decoded(NamedTuple):
     """A parsed and checked inference request: the images, or where they lie in a client region."""
 
@@ -49,6 +85,7 @@ class Decoded(NamedTuple):
     images: np.ndarray | None  # None: the input is in shared memory (input_ref)
     input_ref: oip.ShmRef | None
     output_refs: list[oip.ShmRef]
+    outputs: list[codec.Output]
 
 
 def _decode(raw: bytes, encoding: str, header_len: str | None, artifact: ModelArtifact, limit: int,
@@ -58,10 +95,10 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, artifact: ModelAr
     body = codec.inflate(raw, encoding, limit)
     split = codec.header_length(header_len, len(body))
     req, spec = codec.parse_request(body[:split], artifact)
-    outputs = [out.shm for out in codec.requested_outputs(req, artifact) if out.shm is not None]  # checked before
+    outputs = codec.requested_outputs(req, artifact)  # checked before
     ref = codec.input_region(spec)
     images = None if ref is not None else codec.input_array(spec, body, split, max_images)
-    return Decoded(req, spec, images, ref, outputs)
+    return Decoded(req, spec, images, ref, [out.shm for out in outputs if out.shm is not None], outputs)
 
 
 async def _shm_images(request: Request, service: Service, decoded: Decoded) -> tuple[np.ndarray, OwnedRegions]:
@@ -91,46 +128,65 @@ def _inline(raw: bytes, encoding: str, header_len: str | None) -> bool:
             and int(header_len) <= INLINE_HEADER)
 
 
-async def infer_answer(request: Request, service: Service, name: str, version: str | None,
-                       ) -> tuple[bytes, dict[str, str], str]:
-    """(body, headers, media type) of ``POST /v2/models/{name}[/versions/{version}]/infer`` (APIError for
-    every error answer); shared by the route and the ASGI fast path in front of FastAPI (:mod:`.infer_fast`)."""
+async def infer_answer(request: Request, service: Service, name: str, version: str | None) -> Answer:
+    """The answer to ``POST /v2/models/{name}[/versions/{version}]/infer`` (APIError for every error answer)."""
+    return await answer(service, name, version, request.receive, InferHeaders.of(request), _request_id(request),
+                        lambda: request)
+
+
+async def answer(service: Service, name: str, version: str | None, receive: Any, headers: InferHeaders,
+                 request_id: str, request: Callable[[], Request]) -> Answer:
+    """The answer to an infer request, shared by the route and the ASGI path in front of FastAPI
+    (:mod:`.infer_fast`).
+
+    Args:
+        service: the process's service.
+        name: the model.
+        version: the version (None: the newest ready one).
+        receive: the request's ASGI ``receive``.
+        headers: the request headers an infer reads.
+        request_id: the answer's ``id`` when the request names none.
+        request: the Starlette request, made only for a request that names client shared memory.
+
+    Returns:
+        The 200 answer.
+
+    Raises:
+        APIError: every error answer (ClientDisconnect when the client leaves mid-body).
+    """
     started = time.perf_counter()
     if not service.host.knows(name):
         service.model(name, version)  # 404 before 503: an unknown model is unknown while warming up too
     with service.use(name, version) as model_version:
-        return await _infer_on(request, service, model_version, started)
+        return await _infer_on(service, model_version, started, receive, headers, request_id, request)
 
 
-async def _infer_on(request: Request, service: Service, model_version: ModelVersion, started: float,
-                    ) -> tuple[bytes, dict[str, str], str]:
+async def _infer_on(service: Service, model_version: ModelVersion, started: float, receive: Any,
+                    headers: InferHeaders, request_id: str, request: Callable[[], Request]) -> Answer:
     """Parse and render on the event loop when small and uncompressed (a thread hop each costs more than the
     work: the GIL changes hands twice), in the decode pool otherwise."""
     artifact = model_version.artifact
     assert artifact is not None
-    settings = service.settings
-    raw = await read_limited(request, settings.max_body_bytes)
+    limit = service.settings.max_body_bytes
+    raw = await read_body(receive, limit, headers.content_length)
     loop = asyncio.get_running_loop()
-    encoding = request.headers.get("content-encoding", "")
-    args = (raw, encoding, request.headers.get(HEADER_LEN), artifact, settings.max_body_bytes, oip.max_images(service))
-    decoded = _decode(*args) if _inline(raw, encoding, args[2]) else \
+    args = (raw, headers.content_encoding, headers.header_length, artifact, limit, oip.max_images(service))
+    decoded = _decode(*args) if _inline(raw, headers.content_encoding, headers.header_length) else \
         await loop.run_in_executor(service.pool, _decode, *args)
-    req = decoded.req
     images = decoded.images
     regions = None
     if decoded.input_ref is not None or decoded.output_refs:
-        images, regions = await _shm_images(request, service, decoded)
+        images, regions = await _shm_images(request(), service, decoded)
     assert images is not None
     logits = await oip.infer(service, model_version, images, started)
-    render = (req, _request_id(request), logits, artifact, model_version.name, str(model_version.version), regions)
+    render = (decoded.req, request_id, logits, artifact, model_version.name, str(model_version.version), regions,
+              decoded.outputs)
     body, json_len = codec.render(*render) if logits.size <= INLINE_VALUES else \
         await loop.run_in_executor(service.pool, codec.render, *render)
-    headers = {"Inference-Header-Content-Length": str(json_len)} if json_len is not None else {}
-    encoding = codec.negotiate(request.headers.get("accept-encoding"))
+    encoding = codec.negotiate(headers.accept_encoding)
     if encoding:
         body = await loop.run_in_executor(service.pool, codec.compress, body, encoding)
-        headers["Content-Encoding"] = encoding
-    return body, headers, "application/json" if json_len is None else "application/octet-stream"
+    return Answer(body, json_len, encoding)
 
 
 _MODEL_ERRORS = v2_error_responses(400, 401, 404, 503)
@@ -236,5 +292,5 @@ async def unload_model(request: Request, name: str) -> dict[str, Any]:
 @router.post("/models/{name}/versions/{version}/infer", responses=_INFER_ERRORS)
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     """Run ``images`` [N,3,H,W] FP32 through the model (batched with /classify traffic)."""
-    body, headers, media = await infer_answer(request, service_of(request), name, version)
-    return Response(body, media_type=media, headers=headers)
+    answered = await infer_answer(request, service_of(request), name, version)
+    return Response(answered.body, media_type=answered.media_type, headers=answered.headers())

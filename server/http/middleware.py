@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from starlette.requests import ClientDisconnect
 
@@ -21,11 +22,13 @@ HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/
 Scope = dict[str, Any]
 
 
-async def send_json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-    """Send a complete JSON response on a raw ASGI ``send``."""
+async def send_json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None,
+                    extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """Send a complete JSON response on a raw ASGI ``send`` (``extra``: raw headers added last)."""
     raw = json.dumps(body).encode()
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    hdrs += extra
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": raw})
 
@@ -35,22 +38,32 @@ def authorized(scope: Scope, key: str) -> bool:
     return not key or _authorized(scope, key)
 
 
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first ``name`` header of a request (lower-case name), or None."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
 def host_name(scope: Scope) -> str:
     """The ``Host`` header without its port, lower case ("" when absent)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"host":
-            host = value.decode("latin-1").strip().lower()
-            if host.startswith("["):
-                return host[:host.find("]") + 1] if "]" in host else host
-            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return ""
+    return host_of(header(scope, b"host"))
+
+
+def host_of(value: bytes | None) -> str:
+    """A ``Host`` header's name without its port, lower case ("" for None)."""
+    if value is None:
+        return ""
+    host = value.decode("latin-1").strip().lower()
+    if host.startswith("["):
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def _authorized(scope: Scope, key: str) -> bool:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            return bearer_matches(value.decode("latin-1"), key)
-    return False
+    value = header(scope, b"authorization")
+    return value is not None and bearer_matches(value.decode("latin-1"), key)
 
 
 def _route_label(scope: Scope) -> str:
@@ -61,8 +74,17 @@ def _route_label(scope: Scope) -> str:
     return "/static" if scope.get("path", "").startswith("/static/") else "unmatched"
 
 
+class Refusal(NamedTuple):
+    """An answer given before the app sees the request: status, JSON body, extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] | None
+
+
 class ObserveMiddleware:
-    """Wraps the app: 401 without the key (health routes exempt), counts and times every request."""
+    """Wraps the app: 421 for a Host not served, 401 without the key (health routes exempt), counts and times
+    every request."""
 
     def __init__(self, app: Any, service: Service):
         self.app = app
@@ -75,21 +97,43 @@ class ObserveMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = [500]
-        key = self.service.settings.api_key
-        allowed = self.allowed_hosts
-        if allowed and host_name(scope) not in allowed:
-            status[0] = 421
-            await send_json(send, 421, error_body_for(
-                scope["path"], "misdirected_request", f"Host {host_name(scope)!r} is not served here "
-                "(--allowed-hosts; a loopback server without a key answers only localhost / 127.0.0.1 / [::1])"))
-        elif key and scope["path"] not in HEALTH_PATHS and not _authorized(scope, key) and not self._admin(scope):
-            status[0] = 401
-            await send_json(send, 401, error_body_for(scope["path"], "unauthorized", "missing or wrong API key; "
-                            "send 'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})
+        refused = self.refusal(scope, header(scope, b"host") if self.allowed_hosts else None,
+                               header(scope, b"authorization") if self.service.settings.api_key else None)
+        if refused is not None:
+            status = refused.status
+            await send_json(send, *refused)
         else:
-            await self._call(scope, receive, send, status)
-        key = (_route_label(scope), scope["method"], status[0])
+            status = await self._call(scope, receive, send)
+        self.record(scope, status, start)
+
+    def refusal(self, scope: Scope, host: bytes | None, authorization: bytes | None) -> Refusal | None:
+        """421 for a Host not served, 401 without the key, else None.
+
+        Args:
+            scope: the request's ASGI scope.
+            host: its first ``Host`` header (only read when the server has a Host allowlist).
+            authorization: its first ``Authorization`` header.
+
+        Returns:
+            The refusal, or None to serve the request.
+        """
+        allowed = self.allowed_hosts
+        if allowed and (name := host_of(host)) not in allowed:
+            return Refusal(421, error_body_for(
+                scope["path"], "misdirected_request", f"Host {name!r} is not served here "
+                "(--allowed-hosts; a loopback server without a key answers only localhost / 127.0.0.1 / [::1])"),
+                None)
+        key = self.service.settings.api_key
+        if key and scope["path"] not in HEALTH_PATHS and not (
+                authorization is not None and bearer_matches(authorization.decode("latin-1"), key)) \
+                and not self._admin(scope):
+            return Refusal(401, error_body_for(scope["path"], "unauthorized", "missing or wrong API key; "
+                           "send 'Authorization: Bearer <key>'"), {"WWW-Authenticate": "Bearer"})
+        return None
+
+    def record(self, scope: Scope, status: int, start: float) -> None:
+        """Count the request under (route, method, status) and time it from ``start`` (``time.perf_counter``)."""
+        key = (_route_label(scope), scope["method"], status)
         if (series := self._series.get(key)) is None:
             series = self._series[key] = self._children(key)
         series[0].inc()
@@ -109,25 +153,44 @@ class ObserveMiddleware:
         m = self.service.metrics
         return m.requests.labels(key[0], key[1], str(key[2])), m.latency.labels(key[0])
 
-    async def _call(self, scope: Scope, receive: Any, send: Any, status: list[int]) -> None:
-        started = False
+    async def _call(self, scope: Scope, receive: Any, send: Any) -> int:
+        """Run the app; the status it answered (499 when the client left first, 500 on an error)."""
+        sent = 0
 
         async def observe(message: dict[str, Any]) -> None:
             """Record the status as the response starts."""
-            nonlocal started
+            nonlocal sent
             if message["type"] == "http.response.start":
-                started = True
-                status[0] = message["status"]
+                sent = message["status"]
             await send(message)
 
         try:
             await self.app(scope, receive, observe)
-        except ClientDisconnect:  # the client left mid-upload: nobody to answer, nothing to log loudly
-            status[0] = 499
-            log.info("client disconnected during %s %s", printable(scope["method"], 16), printable(scope["path"]))
-        except Exception:
-            log.exception("unhandled error on %s %s", printable(scope["method"], 16), printable(scope["path"]))
-            status[0] = 500
-            if not started:
-                await send_json(send, 500, error_body_for(scope["path"], "internal_error", "unexpected server "
-                                "error; it has been logged"))
+        except Exception as e:  # noqa: BLE001 (failed() logs it)
+            return await failed(scope, send, e, sent)
+        return sent or 500
+
+
+async def failed(scope: Scope, send: Any, error: Exception, sent: int) -> int:
+    """The status a request that raised ``error`` counts as: 499 (logged as info) when the client left
+    mid-upload, else 500, logged with its traceback and answered with a JSON 500 unless an answer started
+    (``sent``: its status, 0 for none).
+
+    Args:
+        scope: the request's ASGI scope.
+        send: the ASGI ``send`` to answer on.
+        error: what the app raised.
+        sent: the status of the answer already started (0: none).
+
+    Returns:
+        The status to count (an answer already started keeps its own).
+    """
+    if isinstance(error, ClientDisconnect):  # the client left: nobody to answer, nothing to log loudly
+        log.info("client disconnected during %s %s", printable(scope["method"], 16), printable(scope["path"]))
+        return 499
+    log.error("unhandled error on %s %s", printable(scope["method"], 16), printable(scope["path"]), exc_info=error)
+    if sent:
+        return 500
+    await send_json(send, 500, error_body_for(scope["path"], "internal_error", "unexpected server error; it has "
+                    "been logged"))
+    return 500

@@ -18,8 +18,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..pipeline.oip import random_id
 from .accesslog import log_access
@@ -36,8 +35,7 @@ MAX_LOGGED = 200  # characters of a client's string (a path) in a log line
 Scope = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class TraceParent:
+class TraceParent(NamedTuple):
     """A parsed W3C ``traceparent`` (lower-case hex)."""
 
     trace_id: str
@@ -50,7 +48,9 @@ class TraceParent:
 
 def parse_traceparent(value: str | None) -> TraceParent | None:
     """The caller's trace context, or None when absent or invalid (then a new trace starts)."""
-    m = _TRACEPARENT.match((value or "").strip())
+    if not value:
+        return None
+    m = _TRACEPARENT.match(value.strip())
     if not m:
         return None
     version, trace_id, span_id, flags, rest = m.groups()
@@ -74,6 +74,8 @@ def valid_tracestate(value: str | None) -> str | None:
 def printable(text: str, limit: int = MAX_LOGGED) -> str:
     """A client's string as a log line may carry it: control characters, quotes, backslashes and non-ASCII
     escaped (no forged line), at most ``limit`` characters of it."""
+    if len(text) <= limit and text.isascii() and text.isprintable() and "\\" not in text and '"' not in text:
+        return text  # printable ASCII without a backslash or quote: nothing to escape
     out = text[:limit].encode("unicode_escape").decode("ascii").replace('"', '\\"')
     return out if len(text) <= limit else f"{out}...({len(text)} chars)"
 
@@ -118,6 +120,78 @@ def _start_span(tracer: Any, name: str, parent: TraceParent | None, attributes: 
     return tracer.start_span(name, context=context, kind=trace.SpanKind.SERVER, attributes=attributes)
 
 
+class Trace(NamedTuple):
+    """One request's trace: its request id, the trace context it answers with, the answer's headers that carry
+    both (and a valid ``tracestate``), and its OTLP span (None without a tracer)."""
+
+    request_id: str
+    mine: TraceParent
+    extra: list[tuple[bytes, bytes]]
+    span: Any
+
+
+def trace_headers(scope: Scope) -> tuple[str | None, str | None, str | None]:
+    """The ``traceparent``, ``tracestate`` and ``X-Request-Id`` headers of a request (the last of each)."""
+    headers = {k: v for k, v in scope.get("headers", ()) if k in (b"traceparent", b"tracestate", b"x-request-id")}
+    return tuple(v.decode("latin-1") if (v := headers.get(k)) is not None else None  # type: ignore[return-value]
+                 for k in (b"traceparent", b"tracestate", b"x-request-id"))
+
+
+def start_trace(tracer: Any, scope: Scope, traceparent: str | None, tracestate: str | None,
+                request_id: str | None) -> Trace:
+    """A request's :class:`Trace` (its request id also in ``scope["state"]``), a span started when traced.
+
+    Args:
+        tracer: the OpenTelemetry tracer, or None.
+        scope: the request's ASGI scope.
+        traceparent: its ``traceparent`` header (None: absent).
+        tracestate: its ``tracestate`` header.
+        request_id: its ``X-Request-Id`` header.
+
+    Returns:
+        The trace.
+    """
+    parent = parse_traceparent(traceparent)
+    request_id = request_id_from(request_id)
+    scope.setdefault("state", {})["request_id"] = request_id
+    span = None
+    if tracer is not None:
+        method = scope["method"] if scope["method"] in _METHODS else "HTTP"  # the route is added once known
+        span = _start_span(tracer, method, parent, {"http.request.method": method, "url.path":
+                           scope["path"][:MAX_LOGGED], "irpe.request_id": request_id})
+        ctx = span.get_span_context()
+        mine = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{int(ctx.trace_flags):02x}")
+    elif parent is None:
+        mine = TraceParent(random_id(128), random_id(64))
+    else:
+        mine = TraceParent(parent.trace_id, random_id(64), parent.flags)
+    extra = [(b"x-request-id", request_id.encode()), (b"traceparent", mine.header().encode())]
+    if parent is not None and (state := valid_tracestate(tracestate)):
+        extra.append((b"tracestate", state.encode("latin-1")))
+    return Trace(request_id, mine, extra, span)
+
+
+def finish_trace(scope: Scope, trace: Trace, status: int, start: float) -> None:
+    """The access log line of a request answered with ``status`` (started at ``start``, ``time.perf_counter``),
+    and its span ended with the route, status and outcome."""
+    ms = (time.perf_counter() - start) * 1e3
+    client = scope.get("client") or ("-", 0)
+    log_access(client[0], printable(scope["method"], 16), printable(scope["path"]), status, ms, trace.request_id,
+               trace.mine.trace_id)
+    span = trace.span
+    if span is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        route = getattr(scope.get("route"), "path", None)
+        if route:
+            span.update_name(f"{scope['method']} {route}")
+            span.set_attribute("http.route", route)
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
+
 class TraceMiddleware:
     """Outermost middleware: request id, trace context, access log line and (optionally) an OTLP span."""
 
@@ -130,24 +204,8 @@ class TraceMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        headers = {k: v.decode("latin-1") for k, v in scope.get("headers", ()) if k in
-                   (b"traceparent", b"tracestate", b"x-request-id")}
-        parent = parse_traceparent(headers.get(b"traceparent"))
-        request_id = request_id_from(headers.get(b"x-request-id"))
-        scope.setdefault("state", {})["request_id"] = request_id
-        span = None
-        if self.tracer is not None:
-            method = scope["method"] if scope["method"] in _METHODS else "HTTP"  # the route is added once known
-            span = _start_span(self.tracer, method, parent, {"http.request.method": method, "url.path":
-                               scope["path"][:MAX_LOGGED], "irpe.request_id": request_id})
-            ctx = span.get_span_context()
-            mine = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{int(ctx.trace_flags):02x}")
-        else:
-            mine = TraceParent(parent.trace_id if parent else random_id(128), random_id(64),
-                               parent.flags if parent else "01")
-        extra = [(b"x-request-id", request_id.encode()), (b"traceparent", mine.header().encode())]
-        if parent is not None and (state := valid_tracestate(headers.get(b"tracestate"))):
-            extra.append((b"tracestate", state.encode("latin-1")))
+        trace = start_trace(self.tracer, scope, *trace_headers(scope))
+        extra = trace.extra
         status = [0]
 
         async def traced_send(message: dict[str, Any]) -> None:
@@ -159,22 +217,4 @@ class TraceMiddleware:
         try:
             await self.app(scope, receive, traced_send)
         finally:
-            self._finish(scope, span, status[0] or 500, start, request_id, mine)
-
-    @staticmethod
-    def _finish(scope: Scope, span: Any, status: int, start: float, request_id: str, mine: TraceParent) -> None:
-        ms = (time.perf_counter() - start) * 1e3
-        client = scope.get("client") or ("-", 0)
-        log_access(client[0], printable(scope["method"], 16), printable(scope["path"]), status, ms, request_id,
-                   mine.trace_id)
-        if span is not None:
-            from opentelemetry.trace import Status, StatusCode
-
-            route = getattr(scope.get("route"), "path", None)
-            if route:
-                span.update_name(f"{scope['method']} {route}")
-                span.set_attribute("http.route", route)
-            span.set_attribute("http.response.status_code", status)
-            if status >= 500:
-                span.set_status(Status(StatusCode.ERROR))
-            span.end()
+            finish_trace(scope, trace, status[0] or 500, start)

@@ -98,3 +98,39 @@ def test_metrics_count_fast_requests_under_the_route_template(urls: tuple[str, s
     for route in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
         assert any(line.startswith("irpe_requests_total{") and f'route="{route}"' in line and 'status="200"' in line
                    for line in metrics.splitlines()), route
+
+
+def test_fast_path_traces_refuses_and_counts_as_fastapi_does(urls: tuple[str, str]) -> None:
+    """The client's X-Request-Id, a caller's traceparent and tracestate come back alike either way; a request
+    without the key is a 401 counted under route "unmatched" (refused before any route is known)."""
+    body, hdr = _binary(np.zeros((1, 3, 32, 32), np.float32))
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = {**hdr, "Authorization": "Bearer k3y", "X-Request-Id": "req-7", "traceparent": parent,
+              "tracestate": "a=1 , b=2"}
+    answers = [httpx.post(u + "/v2/models/tiny-mean/infer", content=body, headers=traced) for u in urls]
+    for r in answers:
+        assert r.status_code == 200 and r.headers["x-request-id"] == "req-7" and r.json()["id"] == "r1"
+        assert r.headers["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+        assert r.headers["traceparent"].endswith("-01") and r.headers["tracestate"] == "a=1,b=2"
+    refused = [httpx.post(u + "/v2/models/tiny-mean/infer", content=body, headers=hdr) for u in urls]
+    assert [r.status_code for r in refused] == [401, 401] and refused[0].content == refused[1].content
+    for u in urls:
+        metrics = httpx.get(u + "/metrics", headers={"Authorization": "Bearer k3y"}).text
+        assert 'irpe_requests_total{method="POST",route="unmatched",status="401"}' in metrics
+
+
+def test_unexpected_error_is_a_logged_500_with_the_request_id(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """An inference that raises (not an APIError) answers the JSON 500, keeps the trace headers, is logged
+    with its traceback and counted as a 500 of the route."""
+    from tests.server.helpers import make_failing_artifact, running_server
+
+    body, hdr = _binary(np.ones((1, 3, 32, 32), np.float32))
+    with running_server(make_failing_artifact(tmp_path / "failing")) as url:
+        r = httpx.post(url + "/v2/models/failing/infer", content=body, headers={**hdr, "X-Request-Id": "bad-1"})
+        metrics = httpx.get(url + "/metrics").text
+    assert r.status_code == 500 and r.json() == {"error": "unexpected server error; it has been logged"}
+    assert r.headers["x-request-id"] == "bad-1" and r.headers["traceparent"]
+    assert 'route="/v2/models/{name}/infer",status="500"' in metrics
+    assert any(rec.getMessage().startswith("unhandled error on POST /v2/models/failing/infer") and rec.exc_info
+               for rec in caplog.records)

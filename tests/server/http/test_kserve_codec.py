@@ -178,3 +178,45 @@ def test_structured_fuzz_raises_only_protocol_errors(art: object, spec: dict[str
         _decode(text, "", None, art, LIMIT, 256)  # type: ignore[arg-type]
     except codec.ProtocolError as e:
         assert e.status in (400, 413)
+
+
+def _render_with_json(req: dict[str, object], logits: np.ndarray, art: object, name: str) -> tuple[bytes, int | None]:
+    """The answer as json.dumps writes it (the reference the quick rendering must equal byte for byte)."""
+    binary = (req.get("parameters") or {}).get("binary_data_output", False)  # type: ignore[union-attr]
+    out: dict[str, object] = {"name": "logits", "datatype": "FP32", "shape": list(logits.shape)}
+    flat = np.ascontiguousarray(logits, dtype="<f4")
+    if binary:
+        out["parameters"] = {"binary_data_size": flat.nbytes}
+    else:
+        out["data"] = flat.reshape(-1).tolist()
+    text = json.dumps({"model_name": name, "model_version": "3", "id": req.get("id") or "rid", "outputs": [out]},
+                      allow_nan=False).encode()
+    return (text + flat.tobytes(), len(text)) if binary else (text, None)
+
+
+def test_rendered_logits_are_what_json_dumps_writes(art: object) -> None:
+    """Every float32 magnitude (below 1e-4 as json writes it, -0.0, the FP32 extremes, 200,000 random bit
+    patterns), odd ids and names, binary and JSON outputs: the same bytes as json.dumps."""
+    rng = np.random.default_rng(7)
+    special = np.array([0.0, -0.0, 1e-4, 9.9999e-5, 1e-5, -1e-7, 1e16, 1e15, 3.4028235e38, 1e-45, 10.00001, 0.1,
+                        123456.0, -2.5], np.float32)
+    patterns = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values = np.concatenate([special, patterns[np.isfinite(patterns)]])
+    values = values[:len(values) // 2 * 2]
+    normal = rng.standard_normal(1000).astype(np.float32)
+    normal[np.abs(normal) < 1e-3] = 0.5
+    assert codec._floats_json(normal.tolist()) is not None  # orjson's text here; json's below 1e-4
+    assert codec._floats_json(values[:14].tolist()) is None
+    for chunk, req, name in [(values[:14], {"id": "é☃\"\\\n"}, "m"), (values[14:], {}, "naïve"),
+                             (normal, {"id": ""}, "tiny-mean"),
+                             (values[:14], {"parameters": {"binary_data_output": True}}, "m")]:
+        logits = chunk.reshape(-1, 2)
+        want = _render_with_json(req, logits, art, name)
+        assert codec.render(req, "rid", logits, art, name, "3") == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, 2.5, "x"], "b": {"c": null}}', '{"a": 1, "a": 2}', "[1e400]",
+                                  '"\\ud800"', '{"x": "é"}', "  {}  "])
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-32", "utf-32-be"])
+def test_loads_reads_what_json_loads_reads(text: str, encoding: str) -> None:
+    assert codec.loads(text.encode(encoding)) == json.loads(text.encode(encoding))

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from irpe.server.http.tracing import parse_traceparent, request_id_from
+from irpe.server.http.tracing import parse_traceparent, printable, request_id_from
 from tests.reliability.procs import ServerProcess, server_env, start_server
 from tests.server.helpers import encode, free_port, image
 from tests.server.kserve_child import run_in_child
@@ -99,6 +99,16 @@ def test_traceparent_parsing() -> None:
     assert request_id_from("abc-123") == "abc-123"
     for bad in (None, "", "x" * 200, "a b", "new\nline"):
         assert len(request_id_from(bad)) == 32
+
+
+@pytest.mark.parametrize(("text", "limit", "want"), [
+    ("/v2/models/m/infer", 200, "/v2/models/m/infer"), ("POST", 16, "POST"), ("a b~", 200, "a b~"),
+    ('/a"b', 200, '/a\\"b'), ("/a\\b", 200, "/a\\\\b"), ("/a\nb\tc\x7f", 200, "/a\\nb\\tc\\x7f"),
+    ("/é☃", 200, "/\\xe9\\u2603"), ("x" * 17, 16, "x" * 16 + "...(17 chars)"), ("", 200, "")])
+def test_printable_escapes_what_could_forge_a_line(text: str, limit: int, want: str) -> None:
+    """Printable ASCII passes as it is; quotes, backslashes, control characters and non-ASCII are escaped;
+    longer strings are cut at ``limit``."""
+    assert printable(text, limit) == want
 
 
 def test_kserve_infer_span_is_a_child_of_the_callers(traced: ServerProcess, collector: Collector) -> None:
