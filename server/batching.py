@@ -29,6 +29,7 @@ import numpy as np
 
 from .metrics import Metrics
 from .stats import BatchPhases, ModelStats
+from .tensors import stack
 
 log = logging.getLogger("irpe.server")
 _REQUESTS = itertools.count(1)
@@ -315,7 +316,7 @@ class Batcher(BatchQueue):
     def _infer(self, batch: list[_Item], run: Callable[[np.ndarray], np.ndarray]) -> None:
         start = time.perf_counter()
         try:
-            x = batch[0].image[None] if len(batch) == 1 else np.stack([i.image for i in batch])  # one: a view, no copy
+            x = stack([i.image for i in batch])  # one image: a view, no copy
             stacked = time.perf_counter()
             out = run(x)
             error: BaseException | None = None

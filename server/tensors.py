@@ -1,8 +1,9 @@
-"""Checks of inference tensors that keep the GIL on the event loop.
+"""Small inference tensors checked and batched without releasing the GIL.
 
-NumPy's ufuncs and copies release the GIL above about 500 values. On the event loop that is a hand-off: an
-inference thread waiting for the GIL takes it, and the loop waits to get it back (a wake-up and a switch each
-way). For a small tensor the check itself costs less than that, so it is done here in bytes, the GIL held.
+NumPy's ufuncs and copies release the GIL above about 500 values. With the event loop and the inference threads
+in one process that is a hand-off: a thread waiting for the GIL takes it, and the one that released it waits to
+get it back (a wake-up and a switch each way). For a small tensor the work itself costs less than that, so it is
+done here in bytes, the GIL held; large tensors go to NumPy, where releasing it pays.
 """
 
 from __future__ import annotations
@@ -35,3 +36,26 @@ def all_finite(values: np.ndarray) -> bool:
         if _TOP_EXPONENT[0] not in high and _TOP_EXPONENT[1] not in high:
             return True
     return bool(np.isfinite(values).all())
+
+
+def stack(images: list[np.ndarray]) -> np.ndarray:
+    """The batch tensor [N, ...] of equal-shaped images: one image as a view (no copy); a small batch of one
+    dtype joined in bytes, the GIL held (a writable array); any other with ``np.stack``.
+
+    Args:
+        images: the images, each [3, H, W].
+
+    Returns:
+        Their batch, in order.
+
+    Raises:
+        ValueError: images of different shapes (as ``np.stack``).
+    """
+    first = images[0]
+    if len(images) == 1:
+        return first[None]
+    if first.size * len(images) > QUIET_VALUES or any(i.shape != first.shape or i.dtype != first.dtype
+                                                      for i in images):
+        return np.stack(images)
+    joined = bytearray().join([i.tobytes() for i in images])
+    return np.frombuffer(joined, dtype=first.dtype).reshape(len(images), *first.shape)

@@ -46,20 +46,28 @@ class InferenceSlots:
             The same call, made once a slot is free and every earlier caller has had one.
         """
         def gated(images: np.ndarray) -> np.ndarray:
-            ticket = object()
             with self._cond:
-                self._line.append(ticket)
-                self._cond.wait_for(lambda: self._free > 0 and self._line[0] is ticket)
-                self._line.popleft()
-                self._free -= 1
-                self._cond.notify_all()
+                if self._free > 0 and not self._line:  # nobody before us: no ticket, no wait, nobody to wake
+                    self._free -= 1
+                else:
+                    self._queue_for_slot()
             try:
                 return run(images)
             finally:
                 with self._cond:
                     self._free += 1
-                    self._cond.notify_all()
+                    if self._line:
+                        self._cond.notify_all()
         return gated
+
+    def _queue_for_slot(self) -> None:
+        """Wait (lock held) for a free slot and this caller's turn in the line; take the slot."""
+        ticket = object()
+        self._line.append(ticket)
+        self._cond.wait_for(lambda: self._free > 0 and self._line[0] is ticket)
+        self._line.popleft()
+        self._free -= 1
+        self._cond.notify_all()  # the next in line may have a slot too
 
 
 def make_batcher(engine: Engine, settings: Settings, slots: InferenceSlots, metrics: Metrics, *,

@@ -20,9 +20,9 @@ from irpe.artifact import ModelArtifact
 
 from ..errors import APIError
 from ..hosting.version import ModelVersion, VersionState
+from ..tensors import all_finite
 from .service import Service
 from .sysshm import OwnedRegions
-from .tensors import all_finite
 
 DATATYPE = "FP32"
 SERVER_NAME = "irpe-deploy"

@@ -1,11 +1,12 @@
-"""all_finite: the same verdict as np.isfinite for every exponent and sign, on every path (bytes and NumPy)."""
+"""all_finite: the same verdict as np.isfinite for every exponent and sign, on every path (bytes and NumPy);
+stack: the bytes of np.stack."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from irpe.server.pipeline.tensors import QUIET_VALUES, all_finite
+from irpe.server.tensors import QUIET_VALUES, all_finite, stack
 
 
 def _values() -> np.ndarray:
@@ -43,3 +44,23 @@ def test_other_layouts_take_numpy_with_the_same_verdict(layout: str) -> None:
     tensor = tensor.copy() if layout != "strided" else tensor
     tensor[7] = np.nan
     assert not all_finite(tensor)
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 5])
+@pytest.mark.parametrize("side", [32, 224])
+def test_stack_equals_numpy_stack_and_is_writable(count: int, side: int) -> None:
+    rng = np.random.default_rng(count * side)
+    images = [rng.standard_normal((3, side, side)).astype(np.float32) for _ in range(count)]
+    batch = stack(images)
+    assert batch.dtype == np.float32 and batch.shape == (count, 3, side, side)
+    assert batch.tobytes() == np.stack(images).tobytes()
+    assert batch.flags.writeable  # an engine may write into its input
+    assert np.shares_memory(batch, images[0]) == (count == 1)  # one image: a view, no copy
+
+
+def test_stack_of_strided_images_and_of_different_shapes() -> None:
+    base = np.arange(2 * 3 * 64 * 64, dtype=np.float32).reshape(2, 3, 64, 64)
+    strided = [base[0, :, ::2, ::2], base[1, :, ::2, ::2]]
+    assert stack(strided).tobytes() == np.stack(strided).tobytes()
+    with pytest.raises(ValueError):
+        stack([np.zeros((3, 32, 32), np.float32), np.zeros((3, 16, 16), np.float32)])
