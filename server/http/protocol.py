@@ -8,7 +8,8 @@ as parsed (``method SP url SP HTTP/x.y CRLF``, ``name: value CRLF`` each, the bl
 the application sees the request. A head not complete within ``header_timeout_s``
 (slowloris, or a connection that never speaks) gets 408, a body not complete within ``body_timeout_s``
 gets 408 (if no answer started) and the connection is closed either way; connections over
-``max_connections`` get 503 and are closed at once. Each check is a counter or a timer per request.
+``max_connections`` get 503 and are closed at once. Each check is a counter per request or a deadline; a
+connection has at most one timer pending, which re-arms itself to the current deadline.
 
 A POST to an inference route (``.../infer``, ``/classify``: the routes that read their whole body once the key
 is checked) whose declared Content-Length is at most ``whole_body_bytes`` (and within ``--max-body-mb``) is
@@ -69,18 +70,39 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # raw bytes of the head so far (reads while it is incomplete)
         self._in_head = True
         self._refused = False  # answered 431 and closing: the parser's remaining callbacks are ignored
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: tuple[float, str] | None = None  # (loop time, "head"/"body") of the wait under way
+        self._timer: asyncio.TimerHandle | None = None  # the check at _timer_at (at most one per connection)
+        self._timer_at = 0.0
         self._chunks: list[bytes] | None = None  # the body being collected whole, or None: uvicorn's path
         self._peer: dict[str, Any] | None = None  # this connection's addresses (and its client's uid, once known)
 
     def _arm(self, seconds: float, what: str) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, self._expired, what)
+        """Start the wait for the request's ``what`` (its deadline ``seconds`` from now). The event loop's timer
+        is not moved on every request: one check per connection is pending, at or before the deadline, and it
+        re-arms itself for a later deadline (a timer costs about as much as the rest of the limits together)."""
+        at = self.loop.time() + seconds
+        self._deadline = (at, what)
+        if self._timer is None or at < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(at, self._check)
+            self._timer_at = at
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = None
+
+    def _check(self) -> None:
+        """The pending check: the wait under way expires if its deadline is this check's, else the check moves to
+        its deadline (none: no check until the next wait)."""
+        self._timer = None
+        if self._deadline is None:
+            return
+        at, what = self._deadline
+        if at <= self._timer_at:
+            self._expired(what)
+        else:
+            self._timer = self.loop.call_at(at, self._check)
+            self._timer_at = at
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
         self._refused = True
@@ -89,7 +111,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _expired(self, what: str) -> None:
-        self._timer = None
+        self._deadline = None
         if self.transport.is_closing():
             return
         log.info("closing a connection from %s: request %s not received in time", self.client, what)
@@ -113,6 +135,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -141,7 +166,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._peer is None:
             self._peer = {"socket": (self.client, self.server)}
         self.scope["irpe.peer"] = self._peer  # type: ignore[typeddict-unknown-key]
-        if self._timer is None:
+        if self._deadline is None:
             self._arm(self.limits.header_timeout_s, "head")
 
     def on_headers_complete(self) -> None:

@@ -145,3 +145,37 @@ def test_the_body_in_the_heads_read_does_not_count_towards_the_head() -> None:
     messages, answer = asyncio.run(_serve_one(_head_of(2000, BODY), 1, Settings(max_header_kb=2), reads))
     assert answer.endswith(b"\r\n\r\n602112") and reads[0] > 2048
     assert b"".join(m["body"] for m in messages) == BODY
+
+
+async def _later_slow_head(idle_s: float, settings: Settings) -> tuple[bytes, float]:
+    """One request answered on a keep-alive connection, ``idle_s`` of silence, then half of a second request's
+    head: (everything received, seconds from that half head to the connection's close)."""
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    proto, transport, theirs = await protocol_over_socketpair(app, settings)
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(theirs, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
+    await asyncio.sleep(idle_s)
+    await loop.sock_sendall(theirs, b"GET /b HTTP/1.1\r\nHo")
+    sent = loop.time()
+    while piece := await asyncio.wait_for(loop.sock_recv(theirs, 65536), 10):
+        got += piece
+    took = loop.time() - sent
+    transport.close()
+    theirs.close()
+    return got, took
+
+
+def test_a_later_requests_slow_head_gets_408_counted_from_its_first_byte() -> None:
+    """The head deadline of each request on a keep-alive connection runs from that request's first byte (the
+    connection's one pending check re-arms itself): an idle gap longer than the timeout between two requests is
+    no 408 (uvicorn's keep-alive governs it), and the second head, stalled, gets its 408 after the timeout."""
+    settings = Settings(header_timeout_s=0.4, body_timeout_s=5)
+    got, took = asyncio.run(_later_slow_head(0.7, settings))
+    assert got.startswith(b"HTTP/1.1 200") and got.count(b"HTTP/1.1 408") == 1, got
+    assert b"request head not received within 0.4s" in got
+    assert 0.39 <= took < 3.0, took  # a timer never fires early; 3 s: margin for a loaded machine
