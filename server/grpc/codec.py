@@ -75,6 +75,30 @@ def checked(req: pb.ModelInferRequest, artifact: ModelArtifact, max_images: int,
     return images, k, ref
 
 
+def known_checked(known: Any, artifact: ModelArtifact, max_images: int,
+                  raw: Sequence[bytes | memoryview]) -> tuple[np.ndarray, int] | None:
+    """:func:`checked`'s images and k for a request of a layout seen before (:class:`.handlers.Known`), whose checks
+    passed for this artifact and batch limit: the same message (but for its tensor's values, which are checked
+    here), so the same images' shape and k, no region, checked on the event loop as it was.
+
+    Args:
+        known: the request's remembered layout (:attr:`.handlers.InferCall.known`; None: not remembered).
+        artifact: the model's artifact.
+        max_images: the batch limit.
+        raw: the request's raw tensor (one).
+
+    Returns:
+        (images, k), or None when the layout's checks are not remembered for this artifact and limit.
+
+    Raises:
+        ProtocolError: 400 for non-finite values.
+    """
+    plan = known.checked if known is not None else None
+    if plan is None or plan[0] is not artifact or plan[1] != max_images:
+        return None
+    return oip.check_images(np.frombuffer(raw[0], dtype="<f4").reshape(plan[2]), max_images), plan[3]
+
+
 def decode_infer(req: pb.ModelInferRequest, artifact: ModelArtifact, max_images: int,
                  shm: OwnedRegions | None, raw: Sequence[bytes | memoryview] | None = None) -> np.ndarray:
     """The checked ``images`` array of an inference request (every check before any inference; an input in

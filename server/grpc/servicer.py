@@ -14,12 +14,14 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
+
+from irpe.artifact import ModelArtifact
 
 from ..errors import APIError
 from ..pipeline import oip
@@ -29,7 +31,7 @@ from ..pipeline.service import Service
 from ..pipeline.sysshm import SharedMemoryRegistry
 from . import client_shm, codec
 from .deadlines import MessageError
-from .handlers import InferCall
+from .handlers import InferCall, Known
 from .status import grpc_code
 
 log = logging.getLogger("irpe.server")
@@ -177,14 +179,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: InferCall | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         client_shm.PEER.set(context.peer())  # who may use the regions the request names
         if isinstance(request, InferCall):  # :mod:`.handlers`'s split request (the tensors as views)
-            return await self.infer(request.message, request.raw or None, request.id_bytes, request.size)
+            return await self.infer(request.message, request.raw or None, request.id_bytes, request.size,
+                                    request.known)
         return await self.infer(request)
 
     async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None, id_bytes: int = 0,
-                    size: int = -1) -> pb.ModelInferResponse:
+                    size: int = -1, known: Known | None = None) -> pb.ModelInferResponse:
         """One inference: look up and hold the version, decode and check (in the pool unless small), infer,
         answer; ``raw``: the request's raw tensors when they were split off, ``id_bytes`` the size of an id left
-        out as too long, ``size`` the bytes protobuf parsed (:mod:`.handlers`; -1: the message's size)."""
+        out as too long, ``size`` the bytes protobuf parsed, ``known`` its remembered layout (:mod:`.handlers`;
+        -1: the message's size)."""
         started = time.perf_counter()
         service = self.service
         name, version = req.model_name, req.model_version or None
@@ -197,18 +201,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         with service.use(name, version) as model_version:
             artifact = model_version.artifact
             assert artifact is not None
-            loop = asyncio.get_running_loop()
             raw = codec.raw_inputs(req) if raw is None else raw
-            regions = await client_shm.request_regions(self.shm, req, self.endpoint)  # None unless it names one
-            args = (req, artifact, oip.max_images(service), regions, raw)
-            small = codec.inline(raw, req.ByteSize() if size < 0 else size) and regions is None  # a region: pool
-            images, k, ref = codec.checked(*args) if small else \
-                await loop.run_in_executor(service.pool, codec.checked, *args)
+            max_images = oip.max_images(service)
+            fast = codec.known_checked(known, artifact, max_images, raw)
+            if fast is not None:  # the layout's checks passed before: only the tensor's values are checked
+                (images, k), ref, regions = fast, None, None
+            else:
+                images, k, ref, regions = await self._checked(req, artifact, max_images, raw, size, known)
             logits = await oip.infer(service, model_version, images, started)
             if ref is not None and regions is not None:
                 oip.shm_output(regions, ref, artifact.output_name, logits)
             return codec.encode_infer(req, logits, -1 if ref else k, artifact, model_version.name,
                                       str(model_version.version), req.id or oip.random_id())
+
+    async def _checked(self, req: pb.ModelInferRequest, artifact: ModelArtifact, max_images: int,
+                       raw: Sequence[bytes | memoryview], size: int, known: Known | None) -> tuple[Any, ...]:
+        """:func:`.codec.checked` on the event loop when small, else in the decode pool; (images, k, the output's
+        region, the caller's regions). The checks of a remembered layout that passed are kept with it."""
+        regions = await client_shm.request_regions(self.shm, req, self.endpoint)  # None unless it names one
+        args = (req, artifact, max_images, regions, raw)
+        small = codec.inline(raw, req.ByteSize() if size < 0 else size) and regions is None  # a region: pool
+        images, k, ref = codec.checked(*args) if small else \
+            await asyncio.get_running_loop().run_in_executor(self.service.pool, codec.checked, *args)
+        if known is not None and small and ref is None:
+            known.checked = (artifact, max_images, images.shape, k)
+        return images, k, ref, regions
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[InferCall],
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:

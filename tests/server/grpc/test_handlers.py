@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-CHECKS = ("raw_views", "no_raw", "malformed", "mutants", "method_table")
+CHECKS = ("raw_views", "no_raw", "malformed", "mutants", "method_table", "known_layout", "known_checks")
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -109,6 +109,48 @@ def _check_mutants() -> None:
         assert _joined(h.parse_infer(blob)) == want
         agreed += 1
     assert agreed > 50  # the comparison ran on many parseable mutants
+
+
+def _check_known_layout() -> None:
+    """A request of a layout seen before (its one raw tensor last) takes the first's parse: the same message, a
+    view of its own tensor; another head of the same size, a tensor not last or two tensors are parsed anew."""
+    pb, _, h = _modules()
+    first, second = (_request([np.full(48, v, dtype="<f4").tobytes()]).SerializeToString() for v in (1.0, 2.0))
+    a, b = h.parse_infer(first), h.parse_infer(second)
+    assert a.known is not None and b.known is a.known and b.message is a.message and b.size == a.size
+    assert bytes(b.raw[0]) == np.full(48, 2.0, dtype="<f4").tobytes() and b.raw[0].obj is second
+    assert _joined(b) == pb.ModelInferRequest.FromString(second)
+    other = _request([np.full(48, 1.0, dtype="<f4").tobytes()])
+    other.model_version = "3"  # same size, another head
+    c = h.parse_infer(other.SerializeToString())
+    assert c.message is not a.message and c.message.model_version == "3"
+    assert _joined(c) == other
+    not_last = _request([b"x" * 48]).SerializeToString() + b"\x1a\x01z"  # an id after the tensor
+    assert h.parse_infer(not_last).known is None
+    assert h.parse_infer(_request([b"x" * 48, b"y" * 4]).SerializeToString()).known is None
+    assert h.parse_infer(not_last).message.id == "z"
+
+
+def _check_known_checks() -> None:
+    """codec.known_checked: the remembered checks hold only for their artifact and batch limit; the tensor's values
+    are checked on every request, with the full path's error."""
+    from irpe.server.grpc import codec
+    from irpe.server.pipeline.oip import ProtocolError
+
+    _, _, h = _modules()
+    data = _request([np.full(48, 1.0, dtype="<f4").tobytes()]).SerializeToString()
+    call, artifact = h.parse_infer(data), object()
+    assert codec.known_checked(call.known, artifact, 8, call.raw) is None  # nothing remembered yet
+    call.known.checked = (artifact, 8, (1, 3, 4, 4), 2)
+    images, k = codec.known_checked(call.known, artifact, 8, call.raw)
+    assert images.shape == (1, 3, 4, 4) and k == 2 and float(images.max()) == 1.0
+    assert codec.known_checked(call.known, object(), 8, call.raw) is None
+    assert codec.known_checked(call.known, artifact, 4, call.raw) is None
+    assert codec.known_checked(None, artifact, 8, call.raw) is None
+    nan = h.parse_infer(_request([np.full(48, np.nan, dtype="<f4").tobytes()]).SerializeToString())
+    assert nan.known is call.known
+    with pytest.raises(ProtocolError, match="48 non-finite value"):
+        codec.known_checked(nan.known, artifact, 8, nan.raw)
 
 
 def _check_method_table() -> None:
