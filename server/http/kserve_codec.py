@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import zlib
 from typing import Any, NamedTuple
 
@@ -41,6 +42,8 @@ def _bounded_int(text: str) -> int:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_bounded_int)  # json.loads makes one a call
+_PLAIN = json.JSONDecoder(parse_constant=_refuse_constant)  # for a text without MAX_INT_DIGITS + 1 digits in a row
+_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
 _ENCODER = json.JSONEncoder(allow_nan=False)  # what json.dumps(..., allow_nan=False) makes on every call
 _ESCAPE = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it (ensure_ascii)
 
@@ -48,8 +51,13 @@ _ESCAPE = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it 
 def loads(raw: bytes) -> Any:
     """Strict JSON: refuses NaN/Infinity and integers over 20 digits (400, never 500); what ``json.loads`` with
     these hooks returns and raises."""
+    if raw[:1] == b"{" and raw[1:2] != b"\x00":  # UTF-8 (what json.detect_encoding says of it)
+        encoding = "utf-8"
+        decoder = _DECODER if _LONG_DIGITS.search(raw) else _PLAIN  # an integer over 20 digits: 21 in a row
+    else:
+        encoding, decoder = json.detect_encoding(raw), _DECODER
     try:
-        return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+        return decoder.decode(raw.decode(encoding, "surrogatepass"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ProtocolError(f"request header is not valid JSON ({str(e)[:200]})") from None
 

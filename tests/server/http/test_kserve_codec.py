@@ -220,3 +220,11 @@ def test_rendered_logits_are_what_json_dumps_writes(art: object) -> None:
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-32", "utf-32-be"])
 def test_loads_reads_what_json_loads_reads(text: str, encoding: str) -> None:
     assert codec.loads(text.encode(encoding)) == json.loads(text.encode(encoding))
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32-le"])
+def test_loads_refuses_an_integer_over_20_digits_in_any_encoding(encoding: str) -> None:
+    assert codec.loads('{"a": [12345678901234567890, "123456789012345678901"]}'.encode(encoding))["a"][0] == \
+        12345678901234567890
+    with pytest.raises(codec.ProtocolError, match="at most 20 allowed"):
+        codec.loads('{"a": -123456789012345678901}'.encode(encoding))
