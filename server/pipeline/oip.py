@@ -322,7 +322,7 @@ async def infer(service: Service, model_version: ModelVersion, images: np.ndarra
     """
     results = await service.infer(list(images), model_version, started)
     logits = results[0].logits[None] if len(results) == 1 else np.stack([r.logits for r in results])
-    if not np.isfinite(logits).all():  # finite but extreme input can overflow inside the model
+    if not all_finite(logits):  # finite but extreme input can overflow inside the model
         raise ProtocolError("the model output is not finite for this input (values too large?)")
     return logits
 
