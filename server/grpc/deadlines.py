@@ -147,6 +147,8 @@ class Deadlines:
                     task.cancel()
                 for task in [t for t, (due, _, _) in self._starts.items() if due <= now]:
                     _, state, message = self._starts.pop(task)
+                    if task.done():  # its call ended meanwhile (the client left, the server stops)
+                        continue
                     ending = loop.create_task(end_call(state, grpc.StatusCode.DEADLINE_EXCEEDED, message))
                     self._ending.add(ending)
                     ending.add_done_callback(self._ending.discard)

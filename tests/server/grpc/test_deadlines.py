@@ -135,3 +135,28 @@ async def _status(call: Any) -> tuple[grpc.StatusCode, str]:
     except grpc.aio.AioRpcError as e:
         return e.code(), e.details() or ""
     return grpc.StatusCode.OK, ""
+
+
+def test_a_call_waiting_for_its_message_when_the_server_stops_ends_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """The server stops while a keyed unary call waits for its message: the call ends, the sweep sends nothing
+    after (its task is done), nothing is logged as a warning, and the lane is empty."""
+    settings = Settings(body_timeout_s=BODY_TIMEOUT_S)
+    gate = CallGate(settings, GrpcLimits.from_settings(settings), lambda *_: None)
+
+    async def run() -> tuple[Any, int]:
+        server, address = await _server(gate)
+        release = asyncio.Event()
+        async with grpc.aio.insecure_channel(address) as channel:
+            held = channel.stream_unary(f"/{SERVICE}/Echo")(_never(release))
+            await asyncio.sleep(0.1)
+            await server.stop(0)
+            status = await _status(held)
+            await asyncio.sleep(BODY_TIMEOUT_S + 0.5)  # past the deadline: the sweep has run
+            release.set()
+        return status, gate.keyed.running
+
+    with caplog.at_level(logging.DEBUG, logger="grpc"):
+        status, running = asyncio.run(run())
+    assert status[0] != grpc.StatusCode.OK and running == 0, (status, running)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("grpc")], \
+        [r.getMessage() for r in caplog.records]
