@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import re
 import zlib
 from typing import Any, NamedTuple
 
@@ -43,7 +42,9 @@ def _bounded_int(text: str) -> int:
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_int=_bounded_int)  # json.loads makes one a call
 _PLAIN = json.JSONDecoder(parse_constant=_refuse_constant)  # for a text without MAX_INT_DIGITS + 1 digits in a row
-_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+_DIGITS = bytes(48 if 48 <= i <= 57 else 120 for i in range(256))  # every digit "0", anything else "x"
+_LONG = b"0" * (MAX_INT_DIGITS + 1)
+PLAIN_BYTES = 2048  # a header up to this size is searched for 21 digits in a row (see loads)
 _ENCODER = json.JSONEncoder(allow_nan=False)  # what json.dumps(..., allow_nan=False) makes on every call
 _ESCAPE = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it (ensure_ascii)
 
@@ -52,8 +53,9 @@ def loads(raw: bytes) -> Any:
     """Strict JSON: refuses NaN/Infinity and integers over 20 digits (400, never 500); what ``json.loads`` with
     these hooks returns and raises."""
     if raw[:1] == b"{" and raw[1:2] != b"\x00":  # UTF-8 (what json.detect_encoding says of it)
-        encoding = "utf-8"
-        decoder = _DECODER if _LONG_DIGITS.search(raw) else _PLAIN  # an integer over 20 digits: 21 in a row
+        encoding = "utf-8"  # a short text (a binary request's header) without 21 digits in a row has no integer
+        # over 20 digits (the search: 0.6 us for 200 bytes, 4 us for 2 KB; JSON data keeps the hook)
+        decoder = _PLAIN if len(raw) <= PLAIN_BYTES and _LONG not in raw.translate(_DIGITS) else _DECODER
     else:
         encoding, decoder = json.detect_encoding(raw), _DECODER
     try:

@@ -226,5 +226,7 @@ def test_loads_reads_what_json_loads_reads(text: str, encoding: str) -> None:
 def test_loads_refuses_an_integer_over_20_digits_in_any_encoding(encoding: str) -> None:
     assert codec.loads('{"a": [12345678901234567890, "123456789012345678901"]}'.encode(encoding))["a"][0] == \
         12345678901234567890
-    with pytest.raises(codec.ProtocolError, match="at most 20 allowed"):
-        codec.loads('{"a": -123456789012345678901}'.encode(encoding))
+    long_text = '{"pad": "' + "x" * codec.PLAIN_BYTES + '", "a": 1' + "0" * 20 + "}"
+    for text in ('{"a": -123456789012345678901}', long_text):
+        with pytest.raises(codec.ProtocolError, match="at most 20 allowed"):
+            codec.loads(text.encode(encoding))
