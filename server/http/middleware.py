@@ -46,11 +46,6 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def host_name(scope: Scope) -> str:
-    """The ``Host`` header without its port, lower case ("" when absent)."""
-    return host_of(header(scope, b"host"))
-
-
 def host_of(value: bytes | None) -> str:
     """A ``Host`` header's name without its port, lower case ("" for None)."""
     if value is None:
