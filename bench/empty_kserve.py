@@ -4,21 +4,26 @@ the request and answers a fixed all-zero output (binary over HTTP, raw contents 
 are those ``irpe serve`` gave for the benched model; statistics count the answered requests, as the CPU meter
 (:mod:`.server_cpu`) reads them.
 
-``python empty_kserve.py HTTP_PORT GRPC_PORT MODEL_JSON`` (MODEL_JSON: ``{"metadata": ..., "config": ...}``,
-both as ``irpe serve`` answers them over HTTP); ``/readyz`` answers 200 for the bench's start-up wait.
+``python empty_kserve.py HTTP_PORT GRPC_PORT MODEL_JSON [ARTIFACT_DIR]`` (MODEL_JSON: ``{"metadata": ...,
+"config": ...}``, both as ``irpe serve`` answers them over HTTP; ARTIFACT_DIR is read by :mod:`.engine_floor`,
+the same server running the artifact's engine); ``/readyz`` answers 200 for the bench's start-up wait.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 Scope = dict[str, Any]
 
 
 class Floor:
-    """The fixed answers of one model and the answered count."""
+    """The fixed answers of one model and the answered count. A subclass answers infer otherwise by
+    :meth:`http_infer` and :meth:`grpc_infer` (``keep_body``: the request's body is kept for it)."""
+
+    keep_body = False
 
     def __init__(self, model: dict[str, Any]):
         meta = model["metadata"]
@@ -37,6 +42,17 @@ class Floor:
                               (b"inference-header-content-length", str(len(header)).encode()),
                               (b"content-length", str(len(header) + size).encode())]
         self.infer_body = header + self.zeros
+        self.pb: Any = None  # tritonclient.grpc.service_pb2, set by grpc_servicer
+        self.grpc_out: Any = None  # the output tensor's description in a ModelInferResponse
+
+    async def http_infer(self, scope: Scope, body: bytes) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """An HTTP infer's answer headers and body: the fixed all-zero output."""
+        return self.infer_headers, self.infer_body
+
+    async def grpc_infer(self, request: Any) -> Any:
+        """A gRPC ModelInfer's answer: the fixed all-zero output."""
+        return self.pb.ModelInferResponse(model_name=self.name, model_version="1", outputs=[self.grpc_out],
+                                          raw_output_contents=[self.zeros])
 
     def stats(self) -> dict[str, Any]:
         """Triton's statistics extension: the answered count (no times)."""
@@ -51,13 +67,16 @@ class Floor:
         """HTTP: infer, model metadata, config and statistics; 200 ``{}`` elsewhere (ready, live)."""
         if scope["type"] != "http":
             return
-        more = True
+        more, chunks = True, []
         while more:
-            more = (await receive()).get("more_body", False)
+            message = await receive()
+            if self.keep_body:
+                chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
         path = scope["path"]
         if path.endswith("/infer"):
+            headers, body = await self.http_infer(scope, b"".join(chunks))
             self.count += 1
-            headers, body = self.infer_headers, self.infer_body
         else:
             body = (json.dumps(self.stats()).encode() if path.endswith("/stats") else
                     json.dumps(self.config).encode() if path.endswith("/config") else
@@ -78,8 +97,9 @@ def grpc_servicer(floor: Floor) -> Any:
                                                  outputs=meta["outputs"])
     config = service_pb2.ModelConfigResponse(config=json_format.ParseDict(
         floor.config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True))
-    out = service_pb2.ModelInferResponse.InferOutputTensor(name=floor.out_name, datatype=floor.out_type,
-                                                           shape=floor.out_shape)
+    floor.pb = service_pb2
+    floor.grpc_out = service_pb2.ModelInferResponse.InferOutputTensor(name=floor.out_name, datatype=floor.out_type,
+                                                                      shape=floor.out_shape)
 
     class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the proto's names)
@@ -104,20 +124,19 @@ def grpc_servicer(floor: Floor) -> Any:
             return json_format.ParseDict(floor.stats(), service_pb2.ModelStatisticsResponse())
 
         async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+            answer = await floor.grpc_infer(request)
             floor.count += 1
-            return service_pb2.ModelInferResponse(model_name=floor.name, model_version="1", outputs=[out],
-                                                  raw_output_contents=[floor.zeros])
+            return answer
 
     return Servicer()
 
 
-async def serve(http_port: int, grpc_port: int, model: dict[str, Any]) -> None:
+async def serve(http_port: int, grpc_port: int, floor: Floor) -> None:
     """Both listeners on 127.0.0.1 until stopped (uvicorn's signal handling ends both)."""
     import grpc
     import uvicorn
     from tritonclient.grpc import service_pb2_grpc
 
-    floor = Floor(model)
     server = grpc.aio.server()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(grpc_servicer(floor), server)
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
@@ -134,18 +153,23 @@ if __name__ == "__main__":
     import uvloop
 
     with open(sys.argv[3]) as f:
-        uvloop.run(serve(int(sys.argv[1]), int(sys.argv[2]), json.load(f)))
+        uvloop.run(serve(int(sys.argv[1]), int(sys.argv[2]), Floor(json.load(f))))
 
 
-def floor_server(irpe_http: str, model: str, work: str) -> Any:
+def floor_server(irpe_http: str, artifact: Path, work: str, engine: bool = False) -> Any:
     """Context manager: the floor on two free ports, with the metadata and config ``irpe serve`` at
-    ``irpe_http`` gives for ``model`` (written under ``work``); yields ``{"http", "grpc", "pid"}`` as
-    :func:`.triton.irpe_server` does."""
+    ``irpe_http`` gives for ``artifact``'s model (written under ``work``); ``engine``: the floor running the
+    artifact's engine (:mod:`.engine_floor`). Yields ``{"http", "grpc", "pid"}`` as :func:`.triton.irpe_server`
+    does."""
     import contextlib
     import urllib.request
-    from pathlib import Path
+
+    from irpe.artifact import load_artifact
 
     from .serve import _free_port, server_process
+
+    model = load_artifact(artifact).name
+    script = Path(__file__).with_name("engine_floor.py") if engine else Path(__file__)
 
     @contextlib.contextmanager
     def started() -> Any:
@@ -158,7 +182,7 @@ def floor_server(irpe_http: str, model: str, work: str) -> Any:
         port, grpc_port = _free_port(), _free_port()
         while grpc_port == port:
             grpc_port = _free_port()
-        with server_process([__file__, str(port), str(grpc_port), str(spec)], port) as proc:
+        with server_process([str(script), str(port), str(grpc_port), str(spec), str(artifact)], port) as proc:
             yield {"http": f"127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}", "pid": str(proc.pid)}
 
     return started()

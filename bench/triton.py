@@ -5,24 +5,28 @@ Both serve the same exported artifact on 127.0.0.1: ``irpe serve`` with the defa
 ONNX Runtime) configured fairly: as many instances as ``irpe serve`` has inference threads, as many ONNX
 Runtime threads each, the exported ``max_batch_size`` and preferred batch sizes, and no batching delay (a lone
 request runs at once). NVIDIA's ``perf_analyzer`` (batch 1, zero-filled binary tensors, one concurrency level
-per call) drives each server in turn; every round runs every (protocol, concurrency, server) once, the order
-of the two servers alternating between rounds, so load from elsewhere on the machine hits both alike.
+per call, three short time windows, the same arguments for every server of a cell: :mod:`.perf_analyzer`)
+drives each server in turn; every round runs every (protocol, concurrency, server) once, the order of the
+servers reversed between rounds, so load from elsewhere on the machine hits them alike.
 
 Per cell: infer/s, p50 and p99 (client), the client-minus-server latency (perf_analyzer's average latency
-minus the server's own average request latency from its statistics extension) and images per execution
-(inference count / execution count from those statistics). The ratio irpe/Triton is the median over the rounds
-of the per-round ratio (the two measured seconds apart), next to the medians of each figure.
+minus the server's own average request latency from its statistics extension), images per execution
+(inference count / execution count from those statistics) and the server's CPU-us per answered request (its
+whole process tree: :mod:`.server_cpu`). The ratio irpe/Triton is the median over the rounds of the per-round
+ratio (the two measured seconds apart), next to the medians of each figure.
+
+Beside them, measured in the same rounds (``Options.floor``), two floors on the same Python stack as ``irpe
+serve`` (uvicorn with httptools on uvloop, grpc.aio): "floor", a minimal KServe handler with no model
+(:mod:`.empty_kserve`), and "floor+engine", the same handler running the artifact's engine per request at
+batch 1 in a pool of one thread per usable core (:mod:`.engine_floor`): what any Python server on this stack
+reaches with this engine on this machine. The bare engine (one thread, batch 1) is timed between the rounds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import shlex
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,136 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .floors import BareSession
+from .perf_analyzer import MISSED, BenchError, Measure, Target, pa_args, perf_analyzer_command, run_pa
 
 SERVERS = ("triton", "irpe")
 PROTOCOLS = ("http", "grpc")
 MODELS = ("near-free", "tiny", "deit-tiny")
-REPO_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "perf-analyzer.sh"
-
-
-class BenchError(RuntimeError):
-    """perf_analyzer is missing or failed; the message names the fix."""
-
-
-@dataclass(frozen=True)
-class Measure:
-    """One perf_analyzer run at one concurrency (latencies in ms)."""
-
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    avg_ms: float
-    server_ms: float
-    inferences: int
-    executions: int
-    cpu_us: float = float("nan")  # the server's whole process tree, CPU-us per answered request
-
-    @property
-    def outside_ms(self) -> float:
-        """Client-minus-server latency: what the front end and the wire add outside the server's own clock."""
-        return self.avg_ms - self.server_ms
-
-    @property
-    def batch(self) -> float:
-        """Images per model execution."""
-        return self.inferences / self.executions if self.executions else float("nan")
-
-
-_FIELDS = {"rps": r"Throughput: ([\d.]+) infer/sec", "p50_ms": r"p50 latency: (\d+) usec",
-           "p99_ms": r"p99 latency: (\d+) usec", "avg_ms": r"Avg latency: (\d+) usec",
-           "server_ms": r"Avg request latency: (\d+) usec", "inferences": r"Inference count: (\d+)",
-           "executions": r"Execution count: (\d+)"}
-
-
-def parse_output(text: str, client_only: bool = False) -> Measure:
-    """The figures of one perf_analyzer run from its report (the last value of each field); ``client_only``:
-    a server without the statistics extension (its figures nan and 0)."""
-    values: dict[str, float] = {"server_ms": float("nan"), "inferences": 0, "executions": 0}
-    for name, pattern in _FIELDS.items():
-        found = re.findall(pattern, text)
-        if not found and client_only and name in values:
-            continue
-        if not found:
-            raise BenchError(f"perf_analyzer printed no {pattern.split(':')[0]!r}:\n{text[-2000:]}")
-        v = float(found[-1])
-        values[name] = v / 1e3 if name.endswith("_ms") else v
-    return Measure(values["rps"], values["p50_ms"], values["p99_ms"], values["avg_ms"], values["server_ms"],
-                   int(values["inferences"]), int(values["executions"]))
-
-
-def perf_analyzer_command(given: str | None = None) -> list[str]:
-    """``given`` (a command line), else ``$IRPE_PERF_ANALYZER``, else ``perf_analyzer`` on PATH, else the
-    repository's ``scripts/perf-analyzer.sh`` (the PyPI wheel in a podman container)."""
-    given = given or os.environ.get("IRPE_PERF_ANALYZER")
-    if given:
-        return shlex.split(given)
-    if shutil.which("perf_analyzer"):
-        return ["perf_analyzer"]
-    if REPO_SCRIPT.is_file():
-        return [str(REPO_SCRIPT)]
-    raise BenchError("perf_analyzer not found: pip install perf-analyzer (glibc >= 2.38), or pass "
-                     "--perf-analyzer 'CMD' (for example scripts/perf-analyzer.sh from an irpe-deploy checkout)")
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where one server answers one protocol."""
-
-    server: str
-    protocol: str
-    url: str
-    model: str
-    pid: int = 0  # the server's root process (0: no CPU figure)
-    stats_url: str = ""  # where its HTTP statistics extension answers
-
-
-def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:
-    """perf_analyzer's arguments for one run: batch 1, zero-filled binary inputs, one concurrency level,
-    three windows of ``interval_ms`` accepted whatever their spread (this machine is shared: the rounds and
-    the medians do the smoothing, not perf_analyzer's stability loop)."""
-    return ["-m", t.model, "-u", t.url, "-i", t.protocol, "-b", "1", "--input-data", "zero",
-            "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms),
-            "-s", "1000", "--max-trials", "3"]
-
-
-def run_pa(command: list[str], args: list[str], timeout_s: float = 150.0, tries: int = 2,
-           client_only: bool = False) -> Measure:
-    """Run perf_analyzer once and parse its report. A run that found no stable window (a busy machine) or
-    hung past ``timeout_s`` is repeated once with windows twice as long; one that stopped mid-run without a
-    word (its memory cap: perf_analyzer 2.60 grows without bound at c=32) is repeated with the same windows,
-    since longer ones would only let it grow further."""
-    for attempt in range(tries):
-        try:
-            out = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired as e:
-            out = subprocess.CompletedProcess(e.cmd, 124, _text(e.stdout), f"ran past {timeout_s:.0f} s")
-        except FileNotFoundError as e:
-            raise BenchError(f"{command[0]} not found: pass --perf-analyzer 'CMD'") from e
-        text = f"{out.stdout}\n{out.stderr}"
-        if out.returncode == 0 and "Throughput:" in out.stdout:
-            try:
-                return parse_output(out.stdout, client_only)
-            except BenchError:
-                pass
-        if attempt + 1 < tries and "--measurement-interval" in args and _unsettled(out.returncode, text):
-            i = args.index("--measurement-interval") + 1
-            args = [*args[:i], str(2 * int(args[i])), *args[i + 1:]]
-    with tempfile.NamedTemporaryFile("w", prefix="irpe-bench-triton-pa-", suffix=".txt", delete=False) as f:
-        f.write(text)
-    raise BenchError(f"perf_analyzer failed ({out.returncode}) on {' '.join(args)} (its output: {f.name}):\n"
-                     f"{text[-2000:]}")
-
-
-def _unsettled(returncode: int, text: str) -> bool:
-    """perf_analyzer ran out of time or of stable windows (not: was stopped mid-run)."""
-    return returncode == 124 or "stable" in text.lower()
-
-
-def _text(data: bytes | str | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
-
-
-MISSED = Measure(*(float("nan"),) * 5, 0, 0)  # a run that failed twice: shown as nan, the bench goes on
 
 
 @dataclass
@@ -198,14 +77,14 @@ def run_measured(command: list[str], t: Target, concurrency: int, interval_ms: i
     from .server_cpu import ServerCpu
 
     with ServerCpu(t.pid, t.stats_url, t.model) as meter:
-        m = run_pa(command, pa_args(t, concurrency, interval_ms), client_only=t.server == "floor")
+        m = run_pa(command, pa_args(t, concurrency, interval_ms), client_only=t.server.startswith("floor"))
     return dataclasses.replace(m, cpu_us=meter.us_per_request())
 
 
 def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels: list[int], rounds: int,
             interval_ms: int, command: list[str], between: Callable[[], None] | None = None) -> list[Cell]:
-    """``rounds`` x (protocol, concurrency, both servers in alternating order); ``between`` runs before each
-    round."""
+    """``rounds`` x (protocol, concurrency, every server in alternating order), the same perf_analyzer
+    arguments for every server of a cell; ``between`` runs before each round."""
     servers = list(dict.fromkeys(s for s, _ in targets))
     cells = [Cell(p, c, {s: [] for s in servers}) for p in protocols for c in levels]
     for r in range(rounds):
@@ -225,13 +104,18 @@ def measure(targets: dict[tuple[str, str], Target], protocols: list[str], levels
     return cells
 
 
+FLOORS = {"floor": "floor", "floor+engine": "floor+eng"}  # the minimal servers' column titles
+
+
 def format_cells(title: str, cells: list[Cell]) -> str:
-    """One line per (protocol, concurrency): the medians of both servers and the ratio."""
+    """One line per (protocol, concurrency): the medians of both servers and the ratio, then each floor's
+    infer/s and CPU-us per request, then the baseline's."""
     head = (f"{'proto':<5} {'conc':>4} {'Triton inf/s':>12} {'irpe inf/s':>10} {'irpe/Triton':>11} "
             f"{'p50 ms T/i':>12} {'p99 ms T/i':>12} {'outside ms T/i':>14} {'img/exec T/i':>12} "
             f"{'CPU us/req T/i':>15} {'CPU i/T':>7}")
-    if cells and "floor" in cells[0].runs:
-        head += f"  {'floor inf/s':>11} {'floor CPU us':>12}"
+    floors = [s for s in FLOORS if cells and s in cells[0].runs]
+    for s in floors:
+        head += f"  {FLOORS[s] + ' inf/s':>15} {FLOORS[s] + ' CPU us':>16}"
     if cells and "base" in cells[0].runs:
         head += f"  {'base inf/s':>9} {'irpe/base':>9} {'base p50':>8}"
     lines = [title, head]
@@ -241,8 +125,7 @@ def format_cells(title: str, cells: list[Cell]) -> str:
 
         base = (f"  {c.median('base', 'rps'):>9.0f} {c.ratio_to('irpe', 'base'):>9.2f} "
                 f"{c.median('base', 'p50_ms'):>8.1f}" if "base" in c.runs else "")
-        floor = (f"  {c.median('floor', 'rps'):>11.0f} {c.median('floor', 'cpu_us'):>12.0f}"
-                 if "floor" in c.runs else "")
+        floor = "".join(f"  {c.median(s, 'rps'):>15.0f} {c.median(s, 'cpu_us'):>16.0f}" for s in floors)
         lines.append(f"{c.protocol:<5} {c.concurrency:>4} {c.median('triton', 'rps'):>12.0f} "
                      f"{c.median('irpe', 'rps'):>10.0f} {c.ratio():>11.2f} {pair('p50_ms'):>12} "
                      f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12} "
@@ -290,38 +173,47 @@ class Options:
     protocols: list[str] = field(default_factory=lambda: ["http"])
     levels: list[int] = field(default_factory=lambda: [1, 8, 32])
     rounds: int = 3
-    interval_ms: int = 1500
+    interval_ms: int = 500  # perf_analyzer's time window (3 per run; short: see bench/perf_analyzer.py)
     instances: int = 0  # Triton model instances (0: one per usable core, as irpe serve's inference threads)
     threads: int = 1  # ONNX Runtime threads per Triton instance
     max_batch: int = 32
     server_args: tuple[str, ...] = ()
     perf_analyzer: str | None = None
     baseline: str | None = None  # a git commit whose irpe serve runs beside as "base" (irpe/base printed)
-    floor: bool = True  # a minimal KServe handler on the same stack (bench/empty_kserve.py) measured beside
+    floor: bool = True  # minimal KServe handlers on the same stack measured beside: "floor" with no model
+    # (bench/empty_kserve.py), "floor+engine" running the artifact's engine per request (bench/engine_floor.py)
+
+
+def start_servers(stack: ExitStack, artifact: Path, opts: Options, base: str | None) -> dict[str, dict[str, str]]:
+    """irpe, Triton, ``base`` (the import tree of another irpe) and the floors (``opts.floor``) on
+    ``artifact``, each left running until ``stack`` closes; their URLs per protocol and root process id."""
+    from irpe.server.config import usable_cpus
+
+    grpc = "grpc" in opts.protocols
+    urls = {"irpe": stack.enter_context(irpe_server(artifact, opts.server_args, grpc)),
+            "triton": stack.enter_context(triton_server(artifact, opts.instances or usable_cpus(), opts.threads,
+                                                        opts.max_batch))}
+    if base:
+        urls["base"] = stack.enter_context(irpe_server(artifact, opts.server_args, grpc, base))
+    if opts.floor:
+        from .empty_kserve import floor_server
+
+        work = stack.enter_context(tempfile.TemporaryDirectory())
+        urls["floor"] = stack.enter_context(floor_server(urls["irpe"]["http"], artifact, work))
+        urls["floor+engine"] = stack.enter_context(floor_server(urls["irpe"]["http"], artifact, work, engine=True))
+    missing = [f"{s} over {p}" for s in urls for p in opts.protocols if p not in urls[s]]
+    if missing:
+        raise BenchError(f"no {', '.join(missing)} here: choose --protocols from what both serve")
+    return urls
 
 
 def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str | None = None) -> list[Cell]:
-    """Both servers (and ``base``: the import tree of another irpe) on ``artifact``, every cell measured
-    ``opts.rounds`` times."""
+    """Every server on ``artifact`` (:func:`start_servers`), every cell measured ``opts.rounds`` times."""
     from irpe.artifact import load_artifact
-    from irpe.server.config import usable_cpus
 
     name = load_artifact(artifact).name
     with ExitStack() as stack:
-        urls = {"irpe": stack.enter_context(irpe_server(artifact, opts.server_args, "grpc" in opts.protocols)),
-                "triton": stack.enter_context(triton_server(artifact, opts.instances or usable_cpus(),
-                                                            opts.threads, opts.max_batch))}
-        if base:
-            urls["base"] = stack.enter_context(irpe_server(artifact, opts.server_args, "grpc" in opts.protocols,
-                                                           base))
-        if opts.floor:
-            from .empty_kserve import floor_server
-
-            urls["floor"] = stack.enter_context(floor_server(urls["irpe"]["http"], name,
-                                                             stack.enter_context(tempfile.TemporaryDirectory())))
-        missing = [f"{s} over {p}" for s in urls for p in opts.protocols if p not in urls[s]]
-        if missing:
-            raise BenchError(f"no {', '.join(missing)} here: choose --protocols from what both serve")
+        urls = start_servers(stack, artifact, opts, base)
         targets = {(s, p): Target(s, p, urls[s][p], "irpe" if s == "triton" else name, int(urls[s]["pid"]),
                                   urls[s]["http"]) for s in urls for p in opts.protocols}
         bare = BareSession(artifact)

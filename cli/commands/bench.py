@@ -226,7 +226,8 @@ def add_triton_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--protocols", default="http", help="comma list of http, grpc (default http)")
     p.add_argument("--concurrency", default="1,8,32", help="comma list of perf_analyzer concurrency levels")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians reported)")
-    p.add_argument("--interval-ms", type=int, default=1500, help="perf_analyzer measurement window (3 per run)")
+    p.add_argument("--interval-ms", type=int, default=500, help="perf_analyzer measurement window (3 per run; "
+                   "short, since perf_analyzer 2.60's memory grows with the requests a window holds)")
     p.add_argument("--triton-instances", type=int, default=0, help="Triton model instances (default: one per "
                    "usable core, as irpe serve's inference threads)")
     p.add_argument("--triton-threads", type=int, default=1, help="ONNX Runtime threads per Triton instance")
