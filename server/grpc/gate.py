@@ -88,9 +88,11 @@ class CallGate(grpc.aio.ServerInterceptor):
     def __init__(self, settings: Settings, limits: GrpcLimits, observe: Observe):
         self.settings, self.limits, self.observe = settings, limits, observe
         self.keyed, self.keyless = Lane(limits), KeylessLane(limits)
-        self._bounded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-        self._keyless: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-        self._read_by_grpc: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        # each method's handler as the continuation found it at its first call, and its forms in the lanes
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._bounded: dict[str, grpc.RpcMethodHandler] = {}
+        self._keyless: dict[str, grpc.RpcMethodHandler] = {}
+        self._read_by_grpc: dict[str, grpc.RpcMethodHandler] = {}
         self.deadlines = Deadlines()
         self._late = (f"request message not received within {self.keyed.message_timeout_s:g}s "
                       f"({self.keyed.message_flag})")
@@ -111,9 +113,12 @@ class CallGate(grpc.aio.ServerInterceptor):
         """
         method, metadata = handler_call_details.method, handler_call_details.invocation_metadata
         size = self.received(method, metadata)
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
+        handler = self._handlers.get(method)
+        if handler is None:  # the first call of a method: looked up, and kept (the table is fixed once started)
+            handler = await continuation(handler_call_details)
+            if handler is None:
+                return None  # an unknown name is not kept: only methods the server has are
+            self._handlers[method] = handler
         try:
             self.check_headers(size)
             keyless = self.check(method, metadata)
@@ -121,19 +126,17 @@ class CallGate(grpc.aio.ServerInterceptor):
             self.observe(method, grpc_code(e.status), 0.0)
             return refusal(handler, grpc_code(e.status), e.message)
         if keyless:
-            cached = self._keyless.get(method)
-            if cached is None or cached[0] is not handler:
-                cached = self._keyless[method] = (handler, self.bounded(self.keyless_form(handler), self.keyless))
-            return cached[1]
+            if (form := self._keyless.get(method)) is None:
+                form = self._keyless[method] = self.bounded(self.keyless_form(handler), self.keyless)
+            return form
         if not (handler.request_streaming or handler.response_streaming):
             task = asyncio.current_task()
             state = call_state(task)
             if state is not None:  # the call can be ended before its handler starts: grpc.aio reads the message
                 return self.admitted_unary(method, handler, task, state)  # type: ignore[arg-type]
-        cached = self._bounded.get(method)
-        if cached is None or cached[0] is not handler:
-            cached = self._bounded[method] = (handler, self.bounded(handler, self.keyed))
-        return cached[1]
+        if (form := self._bounded.get(method)) is None:
+            form = self._bounded[method] = self.bounded(handler, self.keyed)
+        return form
 
     def admitted_unary(self, method: str, handler: grpc.RpcMethodHandler, task: asyncio.Task[Any],
                        state: Any) -> grpc.RpcMethodHandler:
@@ -154,10 +157,9 @@ class CallGate(grpc.aio.ServerInterceptor):
             return refusal(handler, grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         task.add_done_callback(self._unary_done)
         self.deadlines.watch_start(task, self.keyed.message_timeout_s, state, self._late)
-        cached = self._read_by_grpc.get(method)
-        if cached is None or cached[0] is not handler:
-            cached = self._read_by_grpc[method] = (handler, self.read_by_grpc(handler))
-        return cached[1]
+        if (form := self._read_by_grpc.get(method)) is None:
+            form = self._read_by_grpc[method] = self.read_by_grpc(handler)
+        return form
 
     def _unary_done(self, task: asyncio.Task[Any]) -> None:
         self.deadlines.ended(task)

@@ -33,7 +33,7 @@ from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
 from .infer_scan import FIELD_BUDGET, MAX_ID_BYTES, Cut, OverLimit, TooManyFields, cuts
 
-__all__ = ["FIELD_BUDGET", "MAX_ID_BYTES", "InferCall", "OverLimit", "TooManyFields", "parse_infer",
+__all__ = ["FIELD_BUDGET", "MAX_ID_BYTES", "GenericOnly", "InferCall", "OverLimit", "TooManyFields", "parse_infer",
            "service_handler"]
 SERVICE = "inference.GRPCInferenceService"
 STREAMED = ("ModelInfer", "ModelStreamInfer")  # RPCs whose requests are split
@@ -135,3 +135,21 @@ def service_handler(servicer: Any) -> grpc.GenericRpcHandler:
         handlers[method.name] = make(behavior, request_deserializer=parse,
                                      response_serializer=response.SerializeToString)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+class GenericOnly:
+    """A gRPC server as the generated ``add_*Servicer_to_server`` functions see it: their method table is added as a
+    generic handler only, not also as registered methods. grpc.aio keeps one pending call request per registered
+    method besides the generic one and, for every call it accepts, waits on all of them at once
+    (``asyncio.wait``): each registered method costs every call, ModelInfer's too. Every method is answered the
+    same either way, behind the same call gate (an interceptor sees every call)."""
+
+    def __init__(self, server: grpc.aio.Server):
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """Add ``handlers`` to the server."""
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        """Nothing: the same table came as a generic handler."""

@@ -30,7 +30,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ..pipeline.service import Service
-from .handlers import SERVICE
+from .handlers import SERVICE, GenericOnly
 from .reflection import add_reflection
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name  # grpc.health.v1.Health
@@ -125,7 +125,7 @@ def add_standard_services(server: grpc.aio.Server, service: Service) -> None:
         service: the request pipeline whose readiness the health service reports.
     """
     health = HealthServicer(service)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, GenericOnly(server))
     add_reflection(server, [SERVICE, HEALTH_SERVICE])
     _health_of[server] = health
 

@@ -19,6 +19,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import FileDescriptor
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from .handlers import GenericOnly
+
 REFLECTION_SERVICE = reflection.SERVICE_NAME  # grpc.reflection.v1alpha.ServerReflection
 
 
@@ -76,4 +78,4 @@ def add_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Non
     """
     names = [*service_names, REFLECTION_SERVICE]
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(ServedReflection(names, pool=served_pool(names)),
-                                                               server)
+                                                               GenericOnly(server))
