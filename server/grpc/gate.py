@@ -88,8 +88,7 @@ class CallGate(grpc.aio.ServerInterceptor):
     def __init__(self, settings: Settings, limits: GrpcLimits, observe: Observe):
         self.settings, self.limits, self.observe = settings, limits, observe
         self.keyed, self.keyless = Lane(limits), KeylessLane(limits)
-        # each method's handler as the continuation found it at its first call, and its forms in the lanes
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # each method's, found at its first call
         self._bounded: dict[str, grpc.RpcMethodHandler] = {}
         self._keyless: dict[str, grpc.RpcMethodHandler] = {}
         self._read_by_grpc: dict[str, grpc.RpcMethodHandler] = {}
@@ -97,6 +96,7 @@ class CallGate(grpc.aio.ServerInterceptor):
         self._late = (f"request message not received within {self.keyed.message_timeout_s:g}s "
                       f"({self.keyed.message_flag})")
         self.headers_uncollected = 0  # bytes of headers received since the last collection they asked for
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the calls (current_task)
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
                                                              Awaitable[grpc.RpcMethodHandler]],
@@ -114,10 +114,9 @@ class CallGate(grpc.aio.ServerInterceptor):
         method, metadata = handler_call_details.method, handler_call_details.invocation_metadata
         size = self.received(method, metadata)
         handler = self._handlers.get(method)
-        if handler is None:  # the first call of a method: looked up, and kept (the table is fixed once started)
-            handler = await continuation(handler_call_details)
-            if handler is None:
-                return None  # an unknown name is not kept: only methods the server has are
+        if handler is None:  # the first call of a method, looked up once (an unknown name is not kept)
+            if (handler := await continuation(handler_call_details)) is None:
+                return None
             self._handlers[method] = handler
         try:
             self.check_headers(size)
@@ -130,7 +129,7 @@ class CallGate(grpc.aio.ServerInterceptor):
                 form = self._keyless[method] = self.bounded(self.keyless_form(handler), self.keyless)
             return form
         if not (handler.request_streaming or handler.response_streaming):
-            task = asyncio.current_task()
+            task = self.current_task()
             state = call_state(task)
             if state is not None:  # the call can be ended before its handler starts: grpc.aio reads the message
                 return self.admitted_unary(method, handler, task, state)  # type: ignore[arg-type]
@@ -178,7 +177,7 @@ class CallGate(grpc.aio.ServerInterceptor):
         behavior, parse, started = handler.unary_unary, handler.request_deserializer, self.deadlines.started
 
         async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-            if not started(asyncio.current_task()):
+            if not started(self.current_task()):
                 raise asyncio.CancelledError  # too late: the sweep is ending the call DEADLINE_EXCEEDED
             try:
                 request = raw if parse is None else \
@@ -187,6 +186,14 @@ class CallGate(grpc.aio.ServerInterceptor):
                 await _end(context, unparsed(raw, e))
             return await behavior(request, context)
         return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
+
+    def current_task(self) -> asyncio.Task[Any] | None:
+        """The running task of the calls' loop, without ``asyncio.get_running_loop`` (a getpid system call each
+        time on Python 3.11); the loop is found again when it runs no task (the first call, another loop)."""
+        if self._loop is None or (task := asyncio.current_task(self._loop)) is None:
+            self._loop = asyncio.get_running_loop()
+            task = asyncio.current_task(self._loop)
+        return task
 
     def received(self, method: str, metadata: Any) -> int:
         """The size of a call's headers (:func:`header_bytes`), counted towards the next collection of the garbage
