@@ -254,10 +254,14 @@ class Batcher(BatchQueue):
     def _retry_after(self) -> int:
         return max(1, int(np.ceil(len(self._queue) * max(self._per_image_s, 0.001))))
 
-    def _take(self) -> tuple[list[_Item], bool] | None:
+    def _take(self, finished: bool = False) -> tuple[list[_Item], bool] | None:
         """Block until a batch is due: (the batch, whether it runs alone: the engine idle and nothing else
-        queued); None once stopping and empty (other workers may race us)."""
+        queued); None once stopping and empty (other workers may race us). ``finished``: this thread's previous
+        batch is done; it is counted off here, in the same lock hold as the next take, and wakes nobody: this
+        thread takes what is queued itself (see :meth:`_loop`)."""
         with self._cond:
+            if finished:
+                self._busy -= 1
             while True:
                 while not self._queue:
                     if self._stopping:
@@ -281,7 +285,8 @@ class Batcher(BatchQueue):
 
     def _wait_to_fill(self) -> None:
         """Wait (lock held) while another batch runs, until max_batch images are queued, the oldest
-        waited max_wait or the engine is idle; with the engine idle, return at once."""
+        waited max_wait or the engine is idle; with the engine idle, return at once. A batch that ends does
+        not wake this wait: its thread takes what is queued itself."""
         while self._queue and len(self._queue) < self.max_batch and not self._stopping and self._busy:
             remaining = self._queue[0].enqueued + self.max_wait - time.perf_counter()
             if remaining <= 0:
@@ -301,17 +306,24 @@ class Batcher(BatchQueue):
                 Batcher._deaths += 1
 
     def _loop(self) -> None:
-        while (taken := self._take()) is not None:
+        """Take and run batches until stopped. A thread whose batch ends takes the next one itself, without
+        waking a thread that waits to fill: it is the one already running (its caches warm, holding the GIL),
+        and the engine is not left idle, as it takes at once what is queued when no other batch runs. Waking
+        the waiting threads there cost a wake-up and a GIL hand-off per batch for a thread that mostly found
+        the images taken (docs/design/greedy-batching.md)."""
+        finished = False
+        while (taken := self._take(finished)) is not None:
             batch, alone = taken
             try:
                 live = [i for i in batch if not i.future.done()]
                 if live:
                     self._infer(live, self._solo if alone and self._solo is not None else self._run)
-            finally:
+            except BaseException:  # this thread ends: the others take over what is queued
                 with self._cond:
                     self._busy -= 1
-                    if self._queue:  # a thread waiting to fill stops waiting once the engine is idle
-                        self._cond.notify_all()
+                    self._cond.notify_all()
+                raise
+            finished = True
 
     def _infer(self, batch: list[_Item], run: Callable[[np.ndarray], np.ndarray]) -> None:
         start = time.perf_counter()

@@ -119,6 +119,48 @@ def test_busy_engine_fills_a_batch_up_to_max_wait() -> None:
     assert rec.sizes == [1, 2, 1], rec.sizes  # greedy would give [1, 1, 1, 1]
 
 
+def _voluntary_switches(thread: threading.Thread) -> int:
+    """How many times ``thread`` blocked and was woken (Linux /proc)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc/self/task (Linux)")
+def test_the_thread_that_ends_a_batch_takes_the_next_one_without_waking_a_filler() -> None:
+    """A thread waiting to fill a batch is not woken when another batch ends: the thread that ran it takes what
+    is queued itself (a wake-up and a GIL hand-off per batch saved). The filler keeps waiting for max_wait."""
+    class Named(Recorder):
+        def __init__(self) -> None:
+            super().__init__(delay=0.2)
+            self.threads: list[str] = []
+
+        def __call__(self, x: np.ndarray) -> np.ndarray:
+            self.threads.append(threading.current_thread().name)
+            return super().__call__(x)
+
+    rec = Named()
+    batcher = Batcher(rec, sizes=[1, 2, 4, 8], max_wait_ms=60_000, max_queue=20, workers=2)
+    batcher.start()
+    switches: list[int] = []
+
+    async def main() -> None:
+        first = asyncio.ensure_future(batcher.submit([np.ones(2, np.float32)]))
+        while not rec.threads:
+            await asyncio.sleep(0.005)
+        rest = [asyncio.ensure_future(batcher.submit([np.ones(2, np.float32)])) for _ in range(3)]
+        filler = next(t for t in batcher._threads if t.name != rec.threads[0])
+        while batcher._filling == 0:  # the other thread has started waiting to fill
+            await asyncio.sleep(0.005)
+        switches.append(_voluntary_switches(filler))
+        await asyncio.wait_for(asyncio.gather(first, *rest), 30)
+        switches.append(_voluntary_switches(filler))
+
+    asyncio.run(main())
+    batcher.stop()
+    assert rec.sizes == [1, 2, 1] and len(set(rec.threads)) == 1, (rec.sizes, rec.threads)
+    assert switches[1] == switches[0], switches  # the filler slept through both batch ends
+
+
 def test_a_batch_alone_runs_on_the_solo_engine_and_others_share() -> None:
     """Only a batch taken with the engine idle and nothing else queued runs ``solo`` (every core); one taken
     beside a running batch, or leaving images behind, runs the shared engine."""
