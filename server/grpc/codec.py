@@ -27,6 +27,7 @@ from ..pipeline.sysshm import OwnedRegions
 
 _ITEM = 4  # bytes per FP32
 INLINE_MESSAGE_BYTES = 64 << 10  # a parsed message up to this size is checked on the event loop (real: < 1 KB)
+ANSWER_HEADS = 256  # answer heads kept (:func:`answer_bytes`; then forgotten at once): per version, output, batch size
 
 
 def param_value(p: pb.InferParameter) -> Any:
@@ -181,6 +182,58 @@ def encode_infer(req: pb.ModelInferRequest, logits: np.ndarray, k: int, artifact
         if k == 0:
             out.raw_output_contents.append(np.ascontiguousarray(logits, dtype="<f4").tobytes())
     return out
+
+
+def answer_bytes(name: str, version: str, request_id: str, output: str, logits: np.ndarray) -> bytes:
+    """:func:`encode_infer`'s answer carrying the logits (k 0) as ``SerializeToString`` writes it, built as bytes:
+    the same fields in field-number order (model_name 1, model_version 2, id 3, outputs 5, raw_output_contents 6),
+    an empty string left out as proto3 leaves it out. Every answer of a model is the same but for its id and its
+    logits: the rest is made once per (name, version, output, shape) and kept (:func:`serialized` sends it as it is).
+
+    Args:
+        name: the model's name.
+        version: its version.
+        request_id: the answer's id.
+        output: the output tensor's name.
+        logits: the logits [N, classes].
+
+    Returns:
+        The serialized ``ModelInferResponse``.
+    """
+    key = (name, version, output, logits.shape)
+    if (head := _HEADS.get(key)) is None:
+        if len(_HEADS) >= ANSWER_HEADS:
+            _HEADS.clear()
+        shape = b"".join(_varint(d) for d in logits.shape)
+        tensor = _field(1, output.encode()) + _field(2, oip.DATATYPE.encode()) + _field(3, shape)
+        head = _HEADS[key] = (_field(1, name.encode()) + _field(2, version.encode()), _field(5, tensor))
+    rid, raw = request_id.encode(), np.ascontiguousarray(logits, dtype="<f4").tobytes()
+    n, m = len(rid), len(raw)
+    return b"".join((head[0], b"\x1a" if n else b"", _SIZES[n] if n < 128 else _varint(n), rid, head[1], b"\x32",
+                     _SIZES[m] if m < 128 else _varint(m), raw))
+
+
+def serialized(answer: pb.ModelInferResponse | bytes) -> bytes:
+    """ModelInfer's response serializer: an answer :func:`answer_bytes` made is sent as it is."""
+    return answer if type(answer) is bytes else answer.SerializeToString()  # type: ignore[union-attr]
+
+
+_HEADS: dict[tuple[str, str, str, tuple[int, ...]], tuple[bytes, bytes]] = {}
+_SIZES = [b""] + [bytes((n,)) for n in range(1, 128)]  # a length under 128 as its varint (0: no field at all)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """A length-delimited field (wire type 2); an empty one left out, as proto3 leaves out an empty string."""
+    return _varint(number << 3 | 2) + _varint(len(data)) + data if data else b""
 
 
 def server_metadata() -> pb.ServerMetadataResponse:

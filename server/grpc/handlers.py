@@ -31,6 +31,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceServicer
 
+from .codec import serialized
 from .infer_scan import FIELD_BUDGET, MAX_ID_BYTES, Cut, OverLimit, TooManyFields, cuts
 
 __all__ = ["FIELD_BUDGET", "MAX_ID_BYTES", "GenericOnly", "InferCall", "OverLimit", "TooManyFields", "parse_infer",
@@ -132,8 +133,8 @@ def service_handler(servicer: Any) -> grpc.GenericRpcHandler:
         behavior = getattr(servicer, method.name)
         if getattr(type(servicer), method.name, None) is getattr(GRPCInferenceServiceServicer, method.name):
             behavior = unimplemented(method.name)
-        handlers[method.name] = make(behavior, request_deserializer=parse,
-                                     response_serializer=response.SerializeToString)
+        serialize = serialized if method.name == "ModelInfer" else response.SerializeToString
+        handlers[method.name] = make(behavior, request_deserializer=parse, response_serializer=serialize)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 

@@ -176,19 +176,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @rpc()
-    async def ModelInfer(self, request: InferCall | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: InferCall | pb.ModelInferRequest,
+                         context: Any) -> pb.ModelInferResponse | bytes:
         client_shm.PEER.set(context.peer())  # who may use the regions the request names
         if isinstance(request, InferCall):  # :mod:`.handlers`'s split request (the tensors as views)
             return await self.infer(request.message, request.raw or None, request.id_bytes, request.size,
-                                    request.known)
+                                    request.known, wire=True)
         return await self.infer(request)
 
     async def infer(self, req: pb.ModelInferRequest, raw: list[memoryview] | None = None, id_bytes: int = 0,
-                    size: int = -1, known: Known | None = None) -> pb.ModelInferResponse:
+                    size: int = -1, known: Known | None = None, wire: bool = False) -> Any:
         """One inference: look up and hold the version, decode and check (in the pool unless small), infer,
         answer; ``raw``: the request's raw tensors when they were split off, ``id_bytes`` the size of an id left
         out as too long, ``size`` the bytes protobuf parsed, ``known`` its remembered layout (:mod:`.handlers`;
-        -1: the message's size)."""
+        -1: the message's size); ``wire``: an answer of logits may come serialized (:func:`.codec.answer_bytes`).
+        Returns the ``ModelInferResponse`` (or its bytes)."""
         started = time.perf_counter()
         service = self.service
         name, version = req.model_name, req.model_version or None
@@ -211,6 +213,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             logits = await oip.infer(service, model_version, images, started)
             if ref is not None and regions is not None:
                 oip.shm_output(regions, ref, artifact.output_name, logits)
+            if wire and k == 0 and ref is None:
+                return codec.answer_bytes(model_version.name, str(model_version.version), req.id or oip.random_id(),
+                                          artifact.output_name, logits)
             return codec.encode_infer(req, logits, -1 if ref else k, artifact, model_version.name,
                                       str(model_version.version), req.id or oip.random_id())
 
