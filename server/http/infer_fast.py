@@ -26,7 +26,6 @@ from .errors import error_response
 from .kserve import Answer, InferHeaders, answer, router
 from .middleware import ObserveMiddleware, failed, send_json
 from .tracing import finish_trace, start_trace
-from .transport import write_answer
 
 Scope = dict[str, Any]
 _PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
@@ -110,8 +109,7 @@ class InferEndpoint:
 
 
 async def _send(send: Any, answered: Answer, extra: list[tuple[bytes, bytes]]) -> None:
-    """A 200 with the headers the route's ``Response`` gives it, and the trace's (in one write on uvicorn's
-    connection: :func:`~.transport.write_answer`)."""
+    """A 200 with the headers the route's ``Response`` gives it, and the trace's."""
     body = answered.body
     raw = []
     if answered.json_len is not None:
@@ -120,9 +118,8 @@ async def _send(send: Any, answered: Answer, extra: list[tuple[bytes, bytes]]) -
         raw.append((b"content-encoding", answered.encoding.encode("latin-1")))
     raw += ((b"content-length", b"%d" % len(body)), (b"content-type", _MEDIA[answered.json_len is not None]),
             *extra)
-    if not write_answer(send, 200, raw, body):
-        await send({"type": "http.response.start", "status": 200, "headers": raw})
-        await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.start", "status": 200, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _Extra:

@@ -231,8 +231,7 @@ async def protocol_over_socketpair(app: object, settings: object | None = None) 
     from irpe.server.config import Settings
     from irpe.server.http.protocol import protocol_factory
 
-    config = uvicorn.Config(app, http=protocol_factory(settings or Settings()), log_level="warning", lifespan="off",
-                            access_log=False)  # as irpe serve below --log-level debug
+    config = uvicorn.Config(app, http=protocol_factory(settings or Settings()), log_level="warning", lifespan="off")
     config.load()
     loop = asyncio.get_running_loop()
     ours, theirs = socket.socketpair()

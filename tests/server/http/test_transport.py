@@ -1,13 +1,12 @@
 """server/http/transport.py over a real socket pair and event loop: a response head goes out with its body in
-one write, a lone head still leaves on the loop's next turn, and the bytes keep their order; write_answer's
-bytes are those of uvicorn's two sends, and it leaves every other case to them."""
+one write, a lone head still leaves on the loop's next turn, and the bytes keep their order."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
-from irpe.server.http.transport import JOIN_LIMIT, OneWriteTransport, write_answer
+from irpe.server.http.transport import JOIN_LIMIT, OneWriteTransport
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
 
@@ -114,66 +113,3 @@ def test_the_server_protocol_writes_through_it_and_answers_in_one_write() -> Non
     wrapped, writes, got = asyncio.run(main())
     assert wrapped and got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"\r\n\r\nhello")
     assert len(writes) == 1 and writes[0] == got  # head and body in one write
-
-
-ANSWER = [(b"inference-header-content-length", b"2"), (b"content-length", b"5"), (b"content-type", b"x/y"),
-          (b"x-request-id", b"r-1")]
-
-
-async def _answers(requests: bytes, count: int, whole: bool, headers: list[tuple[bytes, bytes]] = ANSWER,
-                   ) -> tuple[bytes, list[bool]]:
-    """``count`` requests (sent at once) to irpe's protocol, each answered with ``headers`` and b"hello" by
-    write_answer (``whole``) or by two sends where it writes nothing: (the bytes received, its verdicts)."""
-    from tests.server.helpers import protocol_over_socketpair
-
-    verdicts: list[bool] = []
-
-    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        if scope["type"] == "http":
-            verdicts.append(whole and write_answer(send, 200, headers, b"hello"))
-            if not verdicts[-1]:
-                await send({"type": "http.response.start", "status": 200, "headers": headers})
-                await send({"type": "http.response.body", "body": b"hello"})
-
-    proto, transport, theirs = await protocol_over_socketpair(app)
-    loop = asyncio.get_running_loop()
-    await loop.sock_sendall(theirs, requests)
-    got = b""
-    while got.count(b"HTTP/1.1 ") < count or not got.endswith((b"hello", b"Error", b"\r\n\r\n")):
-        piece = await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
-        if not piece:
-            break  # closed
-        got += piece
-    transport.close()
-    theirs.close()
-    return got, verdicts
-
-
-def test_write_answer_gives_the_bytes_of_uvicorns_two_sends_and_keeps_the_connection() -> None:
-    """Two requests in a row on one connection (the second pipelined): both answered by write_answer, each
-    answer the bytes uvicorn's two sends give."""
-    two = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * 2
-    whole, verdicts = asyncio.run(_answers(two, 2, True))
-    sent, _ = asyncio.run(_answers(two, 2, False))
-    assert verdicts == [True, True] and whole == sent and whole.count(b"HTTP/1.1 200 OK\r\n") == 2
-    assert sent.startswith(b"HTTP/1.1 200 OK\r\ninference-header-content-length: 2\r\ncontent-length: 5\r\n")
-
-
-def test_write_answer_leaves_other_cases_to_the_sends() -> None:
-    """A HEAD request, a closing connection, headers that are not plain, a header value uvicorn refuses (its
-    send raises: the connection closes unanswered), and a send that is not uvicorn's: nothing written, and
-    the sends answer as before."""
-    get = b"GET / HTTP/1.1\r\nHost: x\r\n"
-    cases = ((b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", ANSWER, 200), (get + b"Connection: close\r\n\r\n", ANSWER, 200),
-             (get + b"\r\n", [*ANSWER, (b"connection", b"close")], 200),
-             (get + b"\r\n", [(b"content-length", b"5"), (b"content-length", b"5")], 200),
-             (get + b"\r\n", [(b"content-length", b"5"), (b"x-a", b"a\nb")], None))  # uvicorn's send raises
-    for request, headers, status in cases:
-        got, verdicts = asyncio.run(_answers(request, 1, True, headers))
-        assert verdicts == [False], request
-        assert got.startswith(b"HTTP/1.1 %d " % status) if status else got == b"", (request, got)
-
-    async def plain_send(message: dict) -> None:  # type: ignore[type-arg]
-        raise AssertionError("not called")
-
-    assert not write_answer(plain_send, 200, ANSWER, b"hello")
