@@ -28,6 +28,8 @@ import numpy as np
 
 from .graph_limits import Budget
 from .protowire import Malformed, fields, varint, varint_array, varint_count
+from .protowire import length_delimited as _field
+from .protowire import write_varint as _varint
 
 _GRAPH, _OPSET = 7, 8  # ModelProto
 _NODE, _INIT, _OUTPUT = 1, 5, 12  # GraphProto
@@ -356,25 +358,8 @@ def _end_of(buf: bytes, at: int, end: int) -> int:
     return pos + (8 if wire == 1 else 4 if wire == 5 else 0)
 
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _key(number: int, wire: int) -> bytes:
     return _varint(number << 3 | wire)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _key(number, 2) + _varint(len(payload)) + payload
 
 
 def _field_parts(number: int, parts: list[Any]) -> list[Any]:

@@ -14,6 +14,22 @@ TICK = 4096  # fields between two calls of a scan's ``tick``
 CHUNK = 1 << 18  # bytes of packed varints decoded at once (the work arrays: about 60 bytes per byte)
 
 
+def write_varint(value: int) -> bytes:
+    """``value`` as a base-128 varint (a negative one as its 64-bit two's complement, as protobuf writes int64)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Field ``number`` with wire type 2 (bytes, string, message) holding ``payload``."""
+    return write_varint(number << 3 | 2) + write_varint(len(payload)) + payload
+
+
 class Malformed(Exception):
     """Not well-formed protobuf."""
 

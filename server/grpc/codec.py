@@ -20,6 +20,8 @@ from tritonclient.grpc import model_config_pb2 as config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from irpe.artifact import ModelArtifact
+from irpe.artifact.protowire import length_delimited
+from irpe.artifact.protowire import write_varint as _varint
 
 from ..pipeline import oip
 from ..pipeline.oip import ProtocolError
@@ -222,18 +224,9 @@ _HEADS: dict[tuple[str, str, str, tuple[int, ...]], tuple[bytes, bytes]] = {}
 _SIZES = [b""] + [bytes((n,)) for n in range(1, 128)]  # a length under 128 as its varint (0: no field at all)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _field(number: int, data: bytes) -> bytes:
     """A length-delimited field (wire type 2); an empty one left out, as proto3 leaves out an empty string."""
-    return _varint(number << 3 | 2) + _varint(len(data)) + data if data else b""
+    return length_delimited(number, data) if data else b""
 
 
 def server_metadata() -> pb.ServerMetadataResponse:
