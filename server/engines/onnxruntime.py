@@ -74,15 +74,18 @@ class OrtEngine(Engine):
         """:meth:`run` on every core (the solo session; the shared one when there is none)."""
         return self._run(self.solo_session or self.session, images)
 
-    def keep_solo(self, images: np.ndarray, rounds: int = 8, gain: float = 0.8) -> bool:
+    def keep_solo(self, images: np.ndarray, rounds: int = 8, gain: float = 0.8, budget_s: float = 2.0) -> bool:
         """Time ``images`` on both sessions (interleaved, fastest of ``rounds``); keep the solo session only
         when it takes at most ``gain`` of the shared one's time. The fastest, not the median: a new session's
         first runs can take a single-thread time until the scheduler has put its threads on separate cores.
+        A model whose runs take seconds stops after the round that spends ``budget_s`` (its start-up stays
+        seconds, not minutes; a run that long outlasts the scheduler's placement anyway).
 
         Args:
             images: a warm-up batch.
-            rounds: timed runs per session.
+            rounds: timed runs per session, at most.
             gain: the largest solo/shared time ratio that keeps the solo session.
+            budget_s: no further round starts once the rounds so far have taken this long (at least one runs).
 
         Returns:
             Whether the solo session is kept.
@@ -95,6 +98,8 @@ class OrtEngine(Engine):
                 start = time.perf_counter()
                 self._run(session, images)
                 times[name].append(time.perf_counter() - start)
+            if sum(times["shared"]) + sum(times["solo"]) >= budget_s:
+                break
         if min(times["solo"]) > gain * min(times["shared"]):
             self.solo_session = None
         return self.solo_session is not None

@@ -87,6 +87,22 @@ def test_solo_session_gives_the_same_logits_and_stays_only_when_faster(tiny_arti
     assert load_engine(tiny_artifact, art, threads=2, max_batch=4, solo_threads=2).solo_session is None
 
 
+def test_keep_solo_stops_after_the_round_that_spends_its_budget(tiny_artifact: Path) -> None:
+    """A model whose runs take seconds would spend minutes in keep_solo's rounds: one round that spends
+    ``budget_s`` is the last (each round runs both sessions once), and the full count runs within it."""
+    art = load_artifact(tiny_artifact)
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    counted = {}
+    for budget in (0.0, 1e9):
+        engine = load_engine(tiny_artifact, art, threads=1, max_batch=4, solo_threads=2)
+        runs: list[object] = []
+        real = engine._run
+        engine._run = lambda session, images, real=real, runs=runs: runs.append(session) or real(session, images)
+        engine.keep_solo(x, rounds=5, gain=1e9, budget_s=budget)
+        counted[budget] = len(runs)
+    assert counted == {0.0: 2, 1e9: 10}
+
+
 def test_a_rewritten_graph_that_does_not_load_falls_back_to_the_file(
         tiny_artifact: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The irpe.ort rewrite is a speed-up: if its graph does not load, the engine says so and serves the file."""
