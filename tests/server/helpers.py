@@ -192,13 +192,14 @@ def serving_app(app: object) -> Iterator[str]:
 
 @contextlib.contextmanager
 def running_server(artifact_dir: Path, **settings: object) -> Iterator[str]:
-    """A real uvicorn server on 127.0.0.1 in a thread; yields its base URL once /readyz answers 200."""
+    """A real uvicorn server on 127.0.0.1 in a thread; yields its base URL once /readyz answers 200 (within
+    60 s: a slow test model's warm-up runs each batch size for seconds, longer on a loaded CI machine)."""
     from irpe.server.config import Settings
     from irpe.server.http.app import create_app
 
     cfg = Settings.from_env(env={}, artifact_dir=str(artifact_dir), port=0, log_level="warning", **settings)
     with serving_app(create_app(cfg)) as url:
-        wait_ready(url)
+        wait_ready(url, timeout=60)
         yield url
 
 
