@@ -14,8 +14,8 @@ before any request message is read.
   reflection needs it where one is set; model load/unload need the admin key where one is set
   (:func:`..pipeline.control.check_admin`).
 - Every admitted call runs in one of two lanes with caps of their own (:mod:`.lanes`): keyed calls at most
-  ``--max-connections`` at once, calls without the key at most a few, per process and per connection, with
-  short deadlines and a lifetime, so they never take the room of keyed calls.
+  ``--max-connections`` at once, calls without the key a few (probes a small reserve more), per process and per
+  connection, with short deadlines and a lifetime, never taking the room of keyed calls.
 - A keyed unary request's message must arrive within ``--body-timeout-s`` of the call's start, a stream's next
   message within ``--grpc-idle-timeout-s`` of the previous one (DEADLINE_EXCEEDED after: :mod:`.deadlines`). A
   keyed unary call is counted into its lane here, at call start, and its message read by grpc.aio as for any
@@ -41,7 +41,7 @@ from ..config import Settings
 from ..errors import APIError
 from ..pipeline.control import check_admin
 from .deadlines import OFF_LOOP_BYTES, Deadlines, MessageError, call_state, unparsed
-from .lanes import KeylessLane, Lane, rebuilt
+from .lanes import KeylessLane, Lane, ProbeLane
 from .limits import GrpcLimits
 from .status import grpc_code
 
@@ -88,6 +88,7 @@ class CallGate(grpc.aio.ServerInterceptor):
     def __init__(self, settings: Settings, limits: GrpcLimits, observe: Observe):
         self.settings, self.limits, self.observe = settings, limits, observe
         self.keyed, self.keyless = Lane(limits), KeylessLane(limits)
+        self.probes = dict.fromkeys((*KEYLESS, HEALTH + "Check"), ProbeLane(limits, self.keyless))  # unary probes
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # each method's, found at its first call
         self._bounded: dict[str, grpc.RpcMethodHandler] = {}
         self._keyless: dict[str, grpc.RpcMethodHandler] = {}
@@ -126,7 +127,7 @@ class CallGate(grpc.aio.ServerInterceptor):
             return refusal(handler, grpc_code(e.status), e.message)
         if keyless:
             if (form := self._keyless.get(method)) is None:
-                form = self._keyless[method] = self.bounded(self.keyless_form(handler), self.keyless)
+                form = self._keyless[method] = self.keyless_form(method, handler)
             return form
         if not (handler.request_streaming or handler.response_streaming):
             task = self.current_task()
@@ -247,17 +248,17 @@ class CallGate(grpc.aio.ServerInterceptor):
                            "'authorization: Bearer <key>'")
         return False
 
-    def keyless_form(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``handler`` as the keyless lane runs it: small messages only, within the lane's lifetime.
+    def keyless_form(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` as the keyless lane runs it (small messages, a lifetime; probes: :class:`.lanes.ProbeLane`).
 
         Args:
+            method: the call's full method name.
             handler: the service's handler of the method.
 
         Returns:
-            The handler to bound (:meth:`bounded`) with the keyless lane.
+            The handler the call runs, bounded (:meth:`bounded`) by its lane.
         """
-        behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
-        return rebuilt(handler, self.keyless.timed(behavior), self.keyless.parse(handler.request_deserializer))
+        return self.bounded(self.keyless.form(handler), self.probes.get(method, self.keyless))
 
     def bounded(self, handler: grpc.RpcMethodHandler, lane: Lane) -> grpc.RpcMethodHandler:
         """``handler`` as a request-streaming handler that runs in ``lane`` and reads its messages itself: in
@@ -344,7 +345,7 @@ class CallGate(grpc.aio.ServerInterceptor):
         Raises:
             MessageError: late, not parseable, or missing.
         """
-        request = await self.deadlines.read(context, parse, lane.message_timeout_s, lane.message_flag)
+        request = await self.deadlines.read(context, parse, *lane.message_deadline(context))
         if request is grpc.aio.EOF:
             raise MessageError(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
         return request

@@ -16,7 +16,8 @@ NOT_SERVING and ends, so an open Watch does not hold the shutdown for its grace 
 Health is keyless, as the HTTP health probes are: Kubernetes' gRPC probe and ``grpc_health_probe`` send no
 metadata. A call without the key runs in the call gate's keyless lane (:mod:`.lanes`): a few at once per process
 and per connection, so keyless streams cannot take the room of inference, and a Watch lasts at most
-``--grpc-idle-timeout-s`` (the client watches again). Reflection needs the key where one is set.
+``--grpc-idle-timeout-s`` (the client watches again); a keyless Check finds a small reserve of its own when
+that lane is full, so anonymous streams cannot make a probe fail. Reflection needs the key where one is set.
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@ own, so calls without the key can never take the room of calls with it.
   a stream's next one included, within ``--header-timeout-s`` (at most ``--body-timeout-s``) and of at most
   :data:`~.limits.KEYLESS_MESSAGE_BYTES`; the whole call within ``--grpc-idle-timeout-s`` (then
   DEADLINE_EXCEEDED: a health Watch or a reflection stream is called again).
+- **Probes** without the key (the unary health ``Check``, ``ServerLive``, ``ServerReady``: what Kubernetes' gRPC
+  probe and ``grpc_health_probe`` call) run in the keyless lane while it has room, and in a reserve of their own
+  once the keyless lane is full (:class:`ProbeLane`): at most :data:`~.limits.PROBE_RESERVE` at once in the
+  process and :data:`~.limits.PROBE_PER_CONNECTION` on one connection, each message within
+  :data:`~.limits.PROBE_MESSAGE_S` (a probe sends it with its headers). Keyless streams (a ``Watch``, reflection)
+  and slow or silent calls filling the keyless lane thus leave an orchestrator's probe its answer; calls that
+  stall in the reserve hold it at most that second, and the reserve is as anonymous as the lane (a client that
+  keeps it full with probes of its own can fill it too).
 
 A call's connection is told by its peer address (``ipv4:127.0.0.1:54321``: one per TCP connection).
 """
@@ -24,7 +32,15 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from .limits import KEYLESS_CALLS, KEYLESS_MESSAGE_BYTES, KEYLESS_PER_CONNECTION, GrpcLimits
+from .limits import (
+    KEYLESS_CALLS,
+    KEYLESS_MESSAGE_BYTES,
+    KEYLESS_PER_CONNECTION,
+    PROBE_MESSAGE_S,
+    PROBE_PER_CONNECTION,
+    PROBE_RESERVE,
+    GrpcLimits,
+)
 
 Behavior = Callable[..., Any]
 
@@ -57,6 +73,10 @@ class Lane:
     def leave(self, context: grpc.aio.ServicerContext) -> None:
         """The call :meth:`enter` let in has ended."""
         self.running -= 1
+
+    def message_deadline(self, context: grpc.aio.ServicerContext) -> tuple[float, str]:
+        """The seconds the call's (unary) message may take, and the flag that sets them."""
+        return self.message_timeout_s, self.message_flag
 
 
 class KeylessLane(Lane):
@@ -93,6 +113,15 @@ class KeylessLane(Lane):
         if held > 0:
             self.per_connection[peer] = held
 
+    def crowded(self) -> bool:
+        """Whether the process-wide cap is reached (not just a connection's)."""
+        return self.running >= self.most
+
+    def form(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` with small messages only (:meth:`parse`), within the lane's lifetime (:meth:`timed`)."""
+        behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+        return rebuilt(handler, self.timed(behavior), self.parse(handler.request_deserializer))
+
     def parse(self, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
         """``parse`` refusing, unparsed, a message over :data:`~.limits.KEYLESS_MESSAGE_BYTES`."""
         def small(raw: bytes) -> Any:
@@ -121,6 +150,56 @@ class KeylessLane(Lane):
             except TimeoutError:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
         return timed
+
+
+class ProbeLane(Lane):
+    """Unary probes without the key (module docstring): the keyless lane while it has room, else the reserve."""
+
+    def __init__(self, limits: GrpcLimits, keyless: KeylessLane):
+        super().__init__(limits)
+        self.keyless = keyless
+        self.message_timeout_s, self.message_flag = keyless.message_timeout_s, keyless.message_flag
+        self.stream_timeout_s, self.stream_flag = keyless.stream_timeout_s, keyless.stream_flag
+        self.reserve_timeout_s = min(PROBE_MESSAGE_S, keyless.message_timeout_s)
+        self.most = PROBE_RESERVE
+        self.per_connection: dict[str, int] = {}
+        self._reserved: set[int] = set()  # the calls (id of their context) running in the reserve
+        self.full = (f"{KEYLESS_CALLS} calls without the key and {PROBE_RESERVE} probes beyond them are running, "
+                     "the most this server runs at once; retry later, or send the key (authorization: Bearer <key>)")
+
+    def enter(self, context: grpc.aio.ServicerContext) -> str | None:
+        """Count the call into the keyless lane, or into the reserve when that lane is full in the process (a
+        connection that holds its share of the keyless lane gets no reserve); see :meth:`Lane.enter`."""
+        refused = self.keyless.enter(context)
+        peer = context.peer()
+        if refused is None or not self.keyless.crowded() or \
+                self.keyless.per_connection.get(peer, 0) >= KEYLESS_PER_CONNECTION:
+            return refused
+        held = self.per_connection.get(peer, 0)
+        if held >= PROBE_PER_CONNECTION or self.running >= self.most:
+            return self.full
+        self.running += 1
+        self.per_connection[peer] = held + 1
+        self._reserved.add(id(context))
+        return None
+
+    def leave(self, context: grpc.aio.ServicerContext) -> None:
+        """The call :meth:`enter` let in has ended (in the lane it entered)."""
+        if id(context) not in self._reserved:
+            self.keyless.leave(context)
+            return
+        self._reserved.discard(id(context))
+        self.running -= 1
+        peer = context.peer()
+        held = self.per_connection.pop(peer, 1) - 1
+        if held > 0:
+            self.per_connection[peer] = held
+
+    def message_deadline(self, context: grpc.aio.ServicerContext) -> tuple[float, str]:
+        """A call in the reserve waits :data:`~.limits.PROBE_MESSAGE_S` at most for its message."""
+        if id(context) in self._reserved:
+            return self.reserve_timeout_s, "a probe without the key beyond a full keyless lane"
+        return self.message_timeout_s, self.message_flag
 
 
 def rebuilt(handler: grpc.RpcMethodHandler, behavior: Callable[..., Awaitable[Any]],

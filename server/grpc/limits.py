@@ -37,6 +37,9 @@ IDENTITY_ONLY = 1  # gRPC core's compression bitset: bit 0, identity (no compres
 KEYLESS_CALLS = 32  # calls without the key running at once, per process (health probes, ServerLive, ...)
 KEYLESS_PER_CONNECTION = 4  # of those, on one connection
 KEYLESS_MESSAGE_BYTES = 16 << 10  # the largest request message of a call without the key (a probe's is bytes)
+PROBE_RESERVE = 4  # unary probes without the key (health Check, ServerLive, ServerReady) run beyond a full
+PROBE_PER_CONNECTION = 1  # keyless lane, per process / on one connection (Kubernetes dials a connection a probe)
+PROBE_MESSAGE_S = 1.0  # the most a probe in the reserve waits for its message (a probe sends it with its headers)
 
 
 def _ms(seconds: float) -> int:
