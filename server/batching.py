@@ -33,6 +33,7 @@ from .tensors import stack
 
 log = logging.getLogger("irpe.server")
 _REQUESTS = itertools.count(1)
+ENGINE_CALL_WAIT_S = 60.0  # past the drain timeout, how long stop() waits for engine calls already running
 
 
 class QueueFullError(Exception):
@@ -362,15 +363,34 @@ class Batcher(BatchQueue):
                              phases=phases)
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
-        """Stop taking work; with ``drain`` the queued images are still run, else they fail."""
+        """Stop taking work; with ``drain`` the queued images are still run, else they fail. Images still
+        queued after ``timeout`` fail too; then every batch already in the engine is waited for (up to
+        :data:`ENGINE_CALL_WAIT_S`): a process that exits while an engine call runs has ONNX Runtime's threads
+        torn down under it (``terminate called without an active exception``, exit code 1 or SIGABRT)."""
         with self._cond:
             self._stopping = True
             if not drain:
-                for item in self._queue:
-                    item.loop.call_soon_threadsafe(settle, item.future, None,
-                                                   BatcherStoppedError("server is shutting down"))
-                self._queue.clear()
+                self._fail_queued()
             self._cond.notify_all()
+        end = time.monotonic() + timeout
         for t in self._threads:
             if t.is_alive():
-                t.join(timeout)
+                t.join(max(0.0, end - time.monotonic()))
+        if not any(t.is_alive() for t in self._threads):
+            return
+        with self._cond:
+            self._fail_queued()
+        end = time.monotonic() + ENGINE_CALL_WAIT_S
+        for t in self._threads:
+            t.join(max(0.0, end - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            log.warning("an inference thread is still in an engine call %gs after the drain timeout",
+                        ENGINE_CALL_WAIT_S)
+
+    def _fail_queued(self) -> None:
+        """Fail every queued image (lock held): the server is shutting down."""
+        for item in self._queue:
+            if not item.loop.is_closed():
+                item.loop.call_soon_threadsafe(settle, item.future, None,
+                                               BatcherStoppedError("server is shutting down"))
+        self._queue.clear()

@@ -81,6 +81,35 @@ def test_server_process_never_imports_torch_and_drains_on_sigterm(tmp_path: Path
     assert "providers in use ['CPUExecutionProvider']" in output and "batcher drained" in output
 
 
+def test_sigterm_past_the_drain_timeout_waits_for_the_running_engine_call(tmp_path: Path) -> None:
+    """--timeout-s 0.3 and an engine call of >= 1.5 s: the request is answered 504 and SIGTERM comes while the
+    engine still runs it; the engine process waits for that call (past its 0.3 s drain) before it exits, so ONNX
+    Runtime's threads are not torn down under a running session: exit code 0 and no ``terminate called``."""
+    slow = make_slow_artifact(tmp_path / "slow", matmuls=150)  # each engine call >= 1.5 s on an idle core
+    proc = _serve(slow, "--frontends", "1", "--max-batch", "1", "--inference-threads", "1", "--timeout-s", "0.3",
+                  "--log-level", "warning")
+    lines: list[str] = []
+    try:
+        url = announced_url(proc, lines)
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+        reader.start()
+        wait_ready(url, timeout=60)
+        start = time.monotonic()
+        r = httpx.post(url + "/classify", content=encode(image()), headers={"content-type": "image/png"}, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic() - start
+        code = proc.wait(60)
+        stopped = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    output = "".join(lines)
+    print(f"504 after {sent:.2f} s; exited {code} {stopped:.2f} s after the request was sent")
+    assert r.status_code == 504 and "--timeout-s" in r.text, r.text
+    assert sent < 1.5, sent  # SIGTERM came while the engine call ran (else this test shows nothing)
+    assert code == 0 and "terminate called" not in output, output
+
 def test_app_and_inference_import_no_torch(tiny_artifact: Path) -> None:
     script = textwrap.dedent(f"""
         import sys
