@@ -7,12 +7,21 @@ is set up exactly that way (one plain ``StreamHandler`` on the root with that fo
 handler's stream under its lock, as ``StreamHandler.emit`` would; otherwise (another handler, a filter, a
 formatter of the embedding application's, a record factory) the record goes through ``logging`` as before.
 The level is ``logging``'s own check, so ``--log-level warning`` and Triton's ``/v2/logging`` silence the line.
+
+On an event loop, the lines of one loop turn are written together at its end (one ``write`` and one flush for
+them all, scheduled with ``call_soon`` by the turn's first line): a write per line was a system call that also
+gave the GIL away on every request. Each line keeps the time it was formatted at; a record another logger writes
+in the same turn can precede them. Off a loop (a thread, a script) a line is written at once; lines still held
+when the interpreter exits are written then.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
@@ -100,12 +109,50 @@ def log_access(*args: Any) -> None:
     else:
         line = format_line(time.time(), handler.formatter.converter, args)  # type: ignore[union-attr]
     try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        _write(handler, line + "\n")
+        return
+    held = _held
+    if held.loop is loop:
+        held.lines.append(line)
+        return
+    if held.lines:  # held on a loop that stopped before its turn ended: written now, before this one
+        _write_held()
+    held.loop, held.lines = loop, [line]
+    loop.call_soon(_write_held, handler)
+
+
+class _Held(threading.local):
+    """The access lines of this thread's current loop turn, not yet written, and that loop (None: none held)."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+    lines: list[str] = []  # noqa: RUF012 (replaced, never changed in place, while loop is None)
+
+
+_held = _Held()
+
+
+def _write_held(handler: logging.StreamHandler | None = None) -> None:  # type: ignore[type-arg]
+    """Write this thread's held lines to ``handler`` (None: the root's, as at exit), in one write."""
+    held = _held
+    lines, held.loop, held.lines = held.lines, None, []
+    if lines and (handler := handler or plain_handler()) is not None:
+        _write(handler, "\n".join(lines) + "\n")
+
+
+atexit.register(_write_held)
+
+
+def _write(handler: logging.StreamHandler, text: str) -> None:  # type: ignore[type-arg]
+    """Write ``text`` (whole lines) to the handler's stream under its lock and flush it, as ``emit`` does."""
+    try:
         with handler.lock:  # type: ignore[union-attr]
             stream = handler.stream
-            stream.write(line + "\n")
+            stream.write(text)
             if hasattr(stream, "flush"):
                 stream.flush()
     except RecursionError:
         raise
     except Exception:
-        handler.handleError(access.makeRecord(access.name, _INFO, "(access log)", 0, ACCESS_FORMAT, args, None))
+        handler.handleError(access.makeRecord(access.name, _INFO, "(access log)", 0, text.rstrip("\n"), None, None))

@@ -88,3 +88,43 @@ def test_another_logging_set_up_gets_the_record(caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.WARNING, logger="irpe.access"):
         log_access(*REQUESTS[0])
     assert not [r for r in caplog.records if r.name == "irpe.access"]
+
+
+ON_A_LOOP = """
+import asyncio, logging, sys
+from irpe.server.config import Settings
+from irpe.server.runtime import configure_logging
+from irpe.server.http.accesslog import ACCESS_FORMAT, access, log_access
+configure_logging(Settings(log_level="info"))
+requests = {requests!r}
+
+async def main():
+    for args in requests:
+        log_access(*args)
+    print("same turn", file=sys.stderr, flush=True)
+    await asyncio.sleep(0)
+    print("next turn", file=sys.stderr, flush=True)
+
+asyncio.run(main())
+for args in requests:
+    access.info(ACCESS_FORMAT, *args)
+stranded = asyncio.new_event_loop()  # a loop closed before the turn's end: its lines are written at exit
+stranded.call_soon(log_access, *requests[0])
+stranded.call_soon(stranded.stop)
+stranded.run_forever()
+stranded.close()
+print("closed", file=sys.stderr, flush=True)
+"""
+
+
+def test_lines_of_one_loop_turn_are_written_at_its_end_with_the_bytes_logging_writes() -> None:
+    code = ON_A_LOOP.format(requests=REQUESTS)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    n = len(REQUESTS)
+    assert lines[0] == "same turn" and lines[n + 1] == "next turn"  # held to the turn's end, then written
+    for mine, logged in zip(lines[1:n + 1], lines[n + 2:2 * n + 2], strict=True):
+        assert STAMP.match(mine) and mine[23:] == logged[23:]
+    assert lines[2 * n + 2] == "closed" and lines[2 * n + 3][23:] == lines[1][23:]  # written at exit
+    assert len(lines) == 2 * n + 4
