@@ -108,10 +108,7 @@ class KeylessLane(Lane):
     def leave(self, context: grpc.aio.ServicerContext) -> None:
         """The call :meth:`enter` let in has ended."""
         super().leave(context)
-        peer = context.peer()
-        held = self.per_connection.pop(peer, 1) - 1
-        if held > 0:
-            self.per_connection[peer] = held
+        left_connection(self.per_connection, context.peer())
 
     def crowded(self) -> bool:
         """Whether the process-wide cap is reached (not just a connection's)."""
@@ -190,16 +187,20 @@ class ProbeLane(Lane):
             return
         self._reserved.discard(id(context))
         self.running -= 1
-        peer = context.peer()
-        held = self.per_connection.pop(peer, 1) - 1
-        if held > 0:
-            self.per_connection[peer] = held
+        left_connection(self.per_connection, context.peer())
 
     def message_deadline(self, context: grpc.aio.ServicerContext) -> tuple[float, str]:
         """A call in the reserve waits :data:`~.limits.PROBE_MESSAGE_S` at most for its message."""
         if id(context) in self._reserved:
             return self.reserve_timeout_s, "a probe without the key beyond a full keyless lane"
         return self.message_timeout_s, self.message_flag
+
+
+def left_connection(per_connection: dict[str, int], peer: str) -> None:
+    """One call of ``peer``'s connection has ended: its count in ``per_connection`` less one (gone at zero)."""
+    held = per_connection.pop(peer, 1) - 1
+    if held > 0:
+        per_connection[peer] = held
 
 
 def rebuilt(handler: grpc.RpcMethodHandler, behavior: Callable[..., Awaitable[Any]],

@@ -108,14 +108,14 @@ def log_access(*args: Any) -> None:
         line = format_line(ct_ns / 1e9, handler.formatter.converter, args, _msecs_ns(ct_ns))  # type: ignore[union-attr]
     else:
         line = format_line(time.time(), handler.formatter.converter, args)  # type: ignore[union-attr]
+    held = _held
+    if held.loop is not None and held.loop.is_running():  # this thread's loop, in the turn that holds lines
+        held.lines.append(line)
+        return
     try:
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # a getpid system call on Python 3.11: once per turn, not per line
     except RuntimeError:
         _write(handler, line + "\n")
-        return
-    held = _held
-    if held.loop is loop:
-        held.lines.append(line)
         return
     if held.lines:  # held on a loop that stopped before its turn ended: written now, before this one
         _write_held()

@@ -110,6 +110,7 @@ def test_sigterm_past_the_drain_timeout_waits_for_the_running_engine_call(tmp_pa
     assert sent < 1.5, sent  # SIGTERM came while the engine call ran (else this test shows nothing)
     assert code == 0 and "terminate called" not in output, output
 
+
 def test_app_and_inference_import_no_torch(tiny_artifact: Path) -> None:
     script = textwrap.dedent(f"""
         import sys
