@@ -109,13 +109,18 @@ FLOORS = {"floor": "floor", "floor+engine": "floor+eng"}  # the minimal servers'
 
 def format_cells(title: str, cells: list[Cell]) -> str:
     """One line per (protocol, concurrency): the medians of both servers and the ratio, then each floor's
-    infer/s and CPU-us per request, then the baseline's."""
+    infer/s and CPU-us per request, the engine floor's throughput over Triton's and irpe's over the engine
+    floor's (medians of the per-round ratios: whether a miss against Triton is the floor's), then the
+    baseline's."""
     head = (f"{'proto':<5} {'conc':>4} {'Triton inf/s':>12} {'irpe inf/s':>10} {'irpe/Triton':>11} "
             f"{'p50 ms T/i':>12} {'p99 ms T/i':>12} {'outside ms T/i':>14} {'img/exec T/i':>12} "
             f"{'CPU us/req T/i':>15} {'CPU i/T':>7}")
     floors = [s for s in FLOORS if cells and s in cells[0].runs]
     for s in floors:
         head += f"  {FLOORS[s] + ' inf/s':>15} {FLOORS[s] + ' CPU us':>16}"
+    engine_floor = "floor+engine" in floors
+    if engine_floor:  # what a plain Python server with this engine reaches of Triton, and irpe of that server
+        head += f"  {'f+e/Triton':>10} {'irpe/f+e':>8}"
     if cells and "base" in cells[0].runs:
         head += f"  {'base inf/s':>9} {'irpe/base':>9} {'base p50':>8}"
     lines = [title, head]
@@ -126,6 +131,8 @@ def format_cells(title: str, cells: list[Cell]) -> str:
         base = (f"  {c.median('base', 'rps'):>9.0f} {c.ratio_to('irpe', 'base'):>9.2f} "
                 f"{c.median('base', 'p50_ms'):>8.1f}" if "base" in c.runs else "")
         floor = "".join(f"  {c.median(s, 'rps'):>15.0f} {c.median(s, 'cpu_us'):>16.0f}" for s in floors)
+        if engine_floor:
+            floor += f"  {c.ratio_to('floor+engine', 'triton'):>10.2f} {c.ratio_to('irpe', 'floor+engine'):>8.2f}"
         lines.append(f"{c.protocol:<5} {c.concurrency:>4} {c.median('triton', 'rps'):>12.0f} "
                      f"{c.median('irpe', 'rps'):>10.0f} {c.ratio():>11.2f} {pair('p50_ms'):>12} "
                      f"{pair('p99_ms'):>12} {pair('outside_ms', '.2f'):>14} {pair('batch'):>12} "

@@ -123,5 +123,16 @@ def test_both_floors_print_their_infer_rate_and_cpu_beside_the_servers() -> None
                                 "floor+engine": [m(1500, 350)]})
     head, line = tb.format_cells("t", [cell]).splitlines()[1:]
     assert "floor inf/s" in head and head.index("floor inf/s") < head.index("floor+eng inf/s")
-    assert head.endswith("floor+eng CPU us")
-    assert line.split()[-4:] == ["3000", "120", "1500", "350"]
+    assert head.endswith("floor+eng CPU us  f+e/Triton irpe/f+e")
+    assert line.split()[-6:] == ["3000", "120", "1500", "350", "15.00", "0.06"]
+
+
+def test_the_engine_floor_ratios_are_medians_of_the_per_round_ratios() -> None:
+    def m(rps: float) -> tb.Measure:
+        return tb.Measure(rps, 1.0, 2.0, 1.5, 1.0, 10, 5, 300.0)
+
+    cell = tb.Cell("http", 8, {"triton": [m(100), m(200), m(400)], "irpe": [m(90), m(100), m(500)],
+                               "floor+engine": [m(100), m(100), m(400)]})
+    # per round floor+engine/Triton 1.0, 0.5, 1.0 and irpe/floor+engine 0.9, 1.0, 1.25
+    assert tb.format_cells("t", [cell]).splitlines()[-1].split()[-2:] == ["1.00", "1.00"]
+    assert "f+e/Triton" not in tb.format_cells("t", [tb.Cell("http", 8, {"triton": [m(1)], "irpe": [m(1)]})])
