@@ -9,8 +9,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -158,15 +159,39 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
 def wait_every_front_end_ready(url: str, timeout: float = 60.0) -> None:
     """10 new connections in a row answered /readyz 200: with --frontends the kernel spreads connections over
     the front ends, and one may still be warming up when another already answers 200."""
+    wait_for_readyz(url, 200, timeout=timeout)
+
+
+def wait_for_readyz(url: str, status: int, *, timeout: float, check: Callable[[Any], None] | None = None) -> None:
+    """Wait until 10 new connections in a row answer /readyz ``status`` (with --frontends each front end
+    turns on its own: warming up, or draining after SIGTERM).
+
+    Args:
+        url: the server's base URL.
+        status: the status every front end must answer.
+        timeout: seconds to wait.
+        check: called with each answer of ``status`` (an assertion on its body).
+
+    Raises:
+        TimeoutError: no such streak within ``timeout``.
+    """
     import httpx
 
     streak, deadline = 0, time.monotonic() + timeout
     while streak < 10:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{url}: /readyz not 200 on 10 connections in a row within {timeout}s")
-        with contextlib.suppress(httpx.HTTPError):
-            streak = streak + 1 if httpx.get(url + "/readyz", timeout=5).status_code == 200 else 0
-        time.sleep(0.02)
+            raise TimeoutError(f"{url}: /readyz not {status} on 10 connections in a row within {timeout}s")
+        try:
+            answer = httpx.get(url + "/readyz", timeout=5)
+        except httpx.HTTPError:
+            answer = None
+        if answer is not None and answer.status_code == status:
+            if check is not None:
+                check(answer)
+            streak += 1
+        else:
+            streak = 0
+            time.sleep(0.02)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.reliability.procs import start_server
-from tests.server.helpers import encode, image, wait_every_front_end_ready
+from tests.server.helpers import encode, image, wait_every_front_end_ready, wait_for_readyz
 
 DRAIN_S = 5.0  # the checks below take under 1 s on a quiet machine; the rest is margin for a loaded one
 
@@ -21,6 +21,10 @@ def _samples(url: str, name: str) -> list[float]:
     """Every sample of a metric family (--frontends: one series per process for irpe_ready)."""
     text = httpx.get(url + "/metrics", timeout=5).text
     return [float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + " ", name + "{"))]
+
+
+def _says_draining(answer: httpx.Response) -> None:
+    assert answer.json().get("detail") == "draining", answer.text
 
 
 @pytest.mark.parametrize("frontends", ["0", "2"])
@@ -33,16 +37,7 @@ def test_sigterm_turns_readiness_503_first_and_keeps_serving_for_drain_s(tiny_ar
         wait_every_front_end_ready(server.url)
         signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
-        deadline, draining = signalled + 5, 0
-        while draining < 10:  # 10 new connections in a row: with --frontends each front end turns on its own signal
-            assert time.monotonic() < deadline, "/readyz still 200 on some connection five seconds after SIGTERM"
-            ready = httpx.get(server.url + "/readyz", timeout=5)
-            if ready.status_code == 200:
-                draining = 0
-                time.sleep(0.05)
-                continue
-            assert (ready.status_code, ready.json().get("detail")) == (503, "draining"), ready.text
-            draining += 1
+        wait_for_readyz(server.url, 503, timeout=5, check=_says_draining)  # each front end turns on its own signal
         assert httpx.get(server.url + "/v2/health/ready", timeout=5).status_code == 503
         assert httpx.get(server.url + "/healthz", timeout=5).status_code == 200
         assert 0 in _samples(server.url, "irpe_ready")  # the draining process's series
