@@ -162,7 +162,8 @@ def wait_every_front_end_ready(url: str, timeout: float = 60.0) -> None:
     wait_for_readyz(url, 200, timeout=timeout)
 
 
-def wait_for_readyz(url: str, status: int, *, timeout: float, check: Callable[[Any], None] | None = None) -> None:
+def wait_for_readyz(url: str, status: int, *, timeout: float, check: Callable[[Any], None] | None = None,
+                    retry_errors: bool = True) -> None:
     """Wait until 10 new connections in a row answer /readyz ``status`` (with --frontends each front end
     turns on its own: warming up, or draining after SIGTERM).
 
@@ -171,9 +172,11 @@ def wait_for_readyz(url: str, status: int, *, timeout: float, check: Callable[[A
         status: the status every front end must answer.
         timeout: seconds to wait.
         check: called with each answer of ``status`` (an assertion on its body).
+        retry_errors: a request that gets no answer (not listening yet) counts as a miss; False: it fails.
 
     Raises:
         TimeoutError: no such streak within ``timeout``.
+        httpx.HTTPError: a request got no answer and ``retry_errors`` is False.
     """
     import httpx
 
@@ -184,6 +187,8 @@ def wait_for_readyz(url: str, status: int, *, timeout: float, check: Callable[[A
         try:
             answer = httpx.get(url + "/readyz", timeout=5)
         except httpx.HTTPError:
+            if not retry_errors:
+                raise
             answer = None
         if answer is not None and answer.status_code == status:
             if check is not None:
