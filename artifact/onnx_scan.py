@@ -21,6 +21,8 @@ from pathlib import Path
 from .protowire import Malformed, fields
 
 MAX_DEPTH = 100
+LISTED = 16  # the most external tensors a scan lists: the loader refuses a file at the first, and a hostile one
+# can hold millions (4 bytes each), which as a list would cost gigabytes before the refusal
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # message -> {field number: embedded message} (onnx.proto: the fields through which a tensor is reachable)
 _CHILDREN: dict[str, dict[int, str]] = {
@@ -46,34 +48,54 @@ class TooDeep(ValueError):
     """Messages nested deeper than MAX_DEPTH."""
 
 
-def external_tensors(path: str | Path) -> list[ExternalTensor]:
-    """Every tensor of the ONNX file ``path`` stored outside it ([] for a self-contained file)."""
+class _Listed(Exception):
+    """The scan has listed as many external tensors as it lists (:data:`LISTED`)."""
+
+
+def external_tensors(path: str | Path, most: int = LISTED) -> list[ExternalTensor]:
+    """The tensors of the ONNX file ``path`` stored outside it, in file order, the first ``most`` of them (the
+    walk stops there); [] for a self-contained file.
+
+    Args:
+        path: the ONNX file.
+        most: the most tensors listed.
+
+    Returns:
+        The external tensors found, at most ``most``.
+
+    Raises:
+        TooDeep: messages nested deeper than :data:`MAX_DEPTH`.
+    """
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return []
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             found: list[ExternalTensor] = []
             try:
-                _walk(buf, 0, len(buf), "model", 0, found)
+                _walk(buf, 0, len(buf), "model", 0, found, most)
+            except _Listed:
+                pass
             except Malformed:  # left to the runtime, which refuses it
                 return []
             return found
 
 
-def _walk(buf: mmap.mmap, start: int, end: int, kind: str, depth: int, found: list[ExternalTensor]) -> None:
+def _walk(buf: mmap.mmap, start: int, end: int, kind: str, depth: int, found: list[ExternalTensor],
+          most: int) -> None:
     if depth > MAX_DEPTH:
         raise TooDeep(f"ONNX messages nested deeper than {MAX_DEPTH} levels")
     if kind == "tensor":
-        _tensor(buf, start, end, found)
+        _tensor(buf, start, end, found, most)
         return
     children = _CHILDREN[kind]
     for number, wire, a, b, _ in fields(buf, start, end):
         if wire == 2 and number in children:
-            _walk(buf, a, b, children[number], depth + 1, found)
+            _walk(buf, a, b, children[number], depth + 1, found, most)
 
 
-def _tensor(buf: mmap.mmap, start: int, end: int, found: list[ExternalTensor]) -> None:
-    """Record the tensor if it is external (data_location EXTERNAL, or any external_data entry at all)."""
+def _tensor(buf: mmap.mmap, start: int, end: int, found: list[ExternalTensor], most: int) -> None:
+    """Record the tensor if it is external (data_location EXTERNAL, or any external_data entry at all); stop the
+    walk once ``most`` are recorded."""
     name, location, external = "", "", False
     for number, wire, a, b, _ in fields(buf, start, end):
         if number == 8 and wire == 2:
@@ -87,3 +109,5 @@ def _tensor(buf: mmap.mmap, start: int, end: int, found: list[ExternalTensor]) -
             external = True
     if external:
         found.append(ExternalTensor(name, location))
+        if len(found) >= most:
+            raise _Listed

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal, get_args
 
-from .onnx_scan import TooDeep, external_tensors
+from .onnx_scan import LISTED, TooDeep, external_tensors
 
 ARTIFACT_FORMAT_VERSION = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -333,7 +333,8 @@ def refuse_external_data(onnx_path: Path) -> None:
         raise ArtifactError(f"{onnx_path}: {e}; re-run `irpe export`") from None
     if external:
         where = ", ".join(f"{t.name!r} in {t.location or '(no location)'!r}" for t in external[:3])
-        raise ArtifactError(f"{onnx_path}: {len(external)} tensor(s) kept outside the file as ONNX external data "
+        count = f"{LISTED} or more" if len(external) >= LISTED else str(len(external))
+        raise ArtifactError(f"{onnx_path}: {count} tensor(s) kept outside the file as ONNX external data "
                             f"({where}{', ...' if len(external) > 3 else ''}), which is refused: an artifact is one "
                             "checksummed .onnx and runtimes map external data files, so a later write would change "
                             "a loaded model unchecked; save the data inside the file (onnx.save(onnx.load(path), "

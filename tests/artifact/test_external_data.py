@@ -17,7 +17,8 @@ from onnx.external_data_helper import set_external_data
 
 from irpe.artifact import ArtifactError, file_sha256, load_artifact
 from irpe.artifact.builtin import BUILTINS, builtin_artifact
-from irpe.artifact.onnx_scan import MAX_DEPTH, ExternalTensor, TooDeep, external_tensors
+from irpe.artifact.onnx_scan import LISTED, MAX_DEPTH, ExternalTensor, TooDeep, external_tensors
+from irpe.artifact.schema import refuse_external_data
 from tests.reliability.procs import ServerProcess, serving
 from tests.server.helpers import encode, image, make_artifact
 
@@ -102,6 +103,19 @@ def _varint(n: int) -> bytes:
     while n >= 0x80:
         out, n = out + bytes([n & 0x7F | 0x80]), n >> 7
     return out + bytes([n])
+
+
+def test_a_file_of_many_external_tensors_lists_the_first_few_and_is_refused(tmp_path: Path) -> None:
+    """200,000 initializers flagged EXTERNAL, 4 bytes each (800 KB): the scan lists the first LISTED and stops,
+    instead of building a list as long as the file allows."""
+    tensor = bytes([14 << 3]) + b"\x01"  # data_location (field 14, varint) = EXTERNAL
+    graph = (bytes([5 << 3 | 2, len(tensor)]) + tensor) * 200_000  # initializer (graph field 5), many times
+    path = tmp_path / "many.onnx"
+    path.write_bytes(bytes([7 << 3 | 2]) + _varint(len(graph)) + graph)  # the model's graph (field 7)
+    assert external_tensors(path) == [ExternalTensor("", "")] * LISTED
+    assert len(external_tensors(path, most=200_001)) == 200_000  # the same file, listed whole
+    with pytest.raises(ArtifactError, match=f": {LISTED} or more tensor\\(s\\) kept outside the file"):
+        refuse_external_data(path)
 
 
 def _externalise(directory: Path, location: str = "weights.bin") -> Path:
