@@ -8,6 +8,7 @@ with kserve's).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -67,6 +68,8 @@ def _hold_connections(count: int) -> int:
     if pid == 0:
         os.close(read_end)
         try:
+            # killed with the test process, even one that crashes before its finally (PR_SET_PDEATHSIG)
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
             listeners = [socket.create_server(("127.0.0.1", 0), backlog=4096) for _ in range(count // 4000 + 1)]
             held = [socket.create_connection(listeners[i // 4000].getsockname()) for i in range(count)]
             os.write(write_end, b"%d\n" % len(held))
