@@ -1,8 +1,8 @@
 """server/grpc/deadlines.py and the call gate's unary path, in a child interpreter.
 
 The cases (``deadlines_cases.py``) start real grpc.aio servers behind the real CallGate. grpc.aio leaves its
-threads and fork handlers in the process that started a server, and a test that later calls ``os.fork()`` in the
-pytest process (the peer lookup's gRPC client) then crashes it; run apart, the cases leave nothing behind.
+threads and fork handlers in the process that started a server, and a fork of that process can crash it (the
+tests fork nothing themselves: ``hostile_input/child.py``); run apart, the cases leave nothing behind.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
 - A local user of another uid cannot register a segment it does not own, and cannot see, use or unregister
   another uid's regions, over HTTP and gRPC, also when it sends ``X-Forwarded-For`` naming the other's socket.
 
-The other user is ``nobody``: a forked child of the test process that drops to its uid (the tests run as root;
-a fork, not a new interpreter, since the interpreter's folder is not readable by ``nobody``).
+The other user is ``nobody``: a child interpreter that drops to its uid after its imports (``child.as_user``; the
+tests run as root).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import os
 import pwd
 import socket
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from irpe.server.config import Settings
 from irpe.server.pipeline.peer import Endpoint, established, grpc_peer, loopback_uid
 from tests.reliability.procs import ServerProcess, serving
 from tests.server.helpers import expected_logits
+from tests.server.hostile_input.child import as_user, holding
 
 triton = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
 shm = pytest.importorskip("tritonclient.utils.shared_memory")
@@ -50,41 +50,10 @@ PAGE = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site", "Conten
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="a second uid needs root to switch to it")
 
 
-def as_user(uid: int | None, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in a forked child running as ``uid`` (None: this uid); its JSON-able result, or
-    AssertionError with the child's traceback."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        os.close(read_end)
-        try:
-            # tritonclient.grpc is imported only here, before the uid changes (the second user cannot read the
-            # interpreter's files), never in the test process: its protobuf messages clash with the kserve
-            # package's, which tests/server/http imports
-            import tritonclient.grpc  # noqa: F401
-
-            if uid is not None:
-                os.setgroups([])
-                os.setgid(NOBODY.pw_gid if uid == NOBODY.pw_uid else uid)
-                os.setuid(uid)
-            out = {"ok": fn(*args)}
-        except BaseException:
-            out = {"error": traceback.format_exc()}
-        with os.fdopen(write_end, "w") as f:
-            json.dump(out, f)
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    got = json.loads(text)
-    assert "error" not in got, got.get("error")
-    return got["ok"]
-
-
 def call(url: str, method: str, path: str, body: bytes | None = None,
          headers: dict[str, str] | None = None) -> list[Any]:
-    """One HTTP request with the standard library (no lazy imports: it runs in the forked child); [status, body]."""
+    """One HTTP request with the standard library (no lazy imports: it runs as another uid in
+    ``child.as_user``); [status, body]."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
@@ -187,27 +156,28 @@ def test_loopback_uid_is_the_client_sockets_owner(family: int, bind: str, host: 
                 assert loopback_uid(Endpoint(*peer[:2]), Endpoint(conn.getsockname()[0], port + 1)) is None
 
 
+# A child that drops to uid argv[1], group argv[2] and holds a connection to 127.0.0.1:argv[3] until killed.
+CONNECT_AS = """
+import encodings.idna, os, signal, socket, sys
+os.setgroups([])
+os.setgid(int(sys.argv[2]))
+os.setuid(int(sys.argv[1]))
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[3])))
+print("connected", flush=True)
+signal.pause()
+"""
+
+
 @needs_root
 def test_loopback_uid_tells_another_users_socket_apart() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     with listener:
         port = listener.getsockname()[1]
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.setgid(NOBODY.pw_gid)
-            os.setuid(NOBODY.pw_uid)
-            sock = socket.create_connection(("127.0.0.1", port))
-            os.read(read_end, 1)  # until the parent has looked
-            sock.close()
-            os._exit(0)
-        try:
+        with holding(CONNECT_AS, str(NOBODY.pw_uid), str(NOBODY.pw_gid), str(port)) as connected:
+            assert connected == "connected\n", connected
             conn, peer = listener.accept()
             with conn:
                 assert loopback_uid(Endpoint(*peer), Endpoint(*conn.getsockname())) == NOBODY.pw_uid
-        finally:
-            os.write(write_end, b"x")
-            os.waitpid(pid, 0)
 
 
 def test_loopback_uid_refuses_what_is_not_one_local_socket(tmp_path: Path) -> None:

@@ -2,16 +2,13 @@
 --allow-client-shm --grpc-port`` on 127.0.0.1, also while another process holds 18,000 loopback connections
 (36,000 sockets in the kernel's table: every gRPC request once read all of /proc/net/tcp).
 
-The gRPC client runs in a forked child (tritonclient.grpc stays out of the test process: its messages clash
-with kserve's).
+The gRPC client and the connection holder run in child interpreters (``child.py``): tritonclient.grpc stays out
+of the test process (its messages clash with kserve's), and the test process never forks.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import socket
 import statistics
 import time
 from collections.abc import Iterator
@@ -22,7 +19,8 @@ import numpy as np
 import pytest
 
 from tests.reliability.procs import ServerProcess, serving
-from tests.server.hostile_input.test_client_shm import as_user, grpc_address, segment
+from tests.server.hostile_input.child import as_user, holding
+from tests.server.hostile_input.test_client_shm import grpc_address, segment
 
 triton = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
 
@@ -60,29 +58,16 @@ def _median_ms(url: str, grpc: bool) -> float:
     return statistics.median(times)
 
 
-def _hold_connections(count: int) -> int:
-    """A forked child holding ``count`` loopback connections (never accepted: the kernel completes them into
-    the listeners' queues) until killed; its pid, once all are open."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            # killed with the test process, even one that crashes before its finally (PR_SET_PDEATHSIG)
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-            listeners = [socket.create_server(("127.0.0.1", 0), backlog=4096) for _ in range(count // 4000 + 1)]
-            held = [socket.create_connection(listeners[i // 4000].getsockname()) for i in range(count)]
-            os.write(write_end, b"%d\n" % len(held))
-            signal.pause()
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        opened = f.readline()
-    if opened != b"%d\n" % count:
-        os.waitpid(pid, 0)
-        raise AssertionError(f"the child opened {opened!r} of {count} connections")
-    return pid
+# A child holding int(argv[1]) loopback connections (never accepted: the kernel completes them into the
+# listeners' queues) until killed; it prints how many it opened.
+HOLD = """
+import signal, socket, sys
+count = int(sys.argv[1])
+listeners = [socket.create_server(("127.0.0.1", 0), backlog=4096) for _ in range(count // 4000 + 1)]
+held = [socket.create_connection(listeners[i // 4000].getsockname()) for i in range(count)]
+print(len(held), flush=True)
+signal.pause()
+"""
 
 
 def _both(server: ServerProcess) -> tuple[float, float]:
@@ -99,12 +84,9 @@ def test_a_grpc_shared_memory_infer_costs_what_an_http_one_does(server: ServerPr
         client.register_system_shared_memory("io", key, 64 * 1024)
         try:
             quiet = _both(server)
-            pid = _hold_connections(HELD)
-            try:
+            with holding(HOLD, str(HELD)) as opened:
+                assert opened == f"{HELD}\n", f"the child opened {opened!r} of {HELD} connections"
                 held = _both(server)
-            finally:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
         finally:
             client.unregister_system_shared_memory()
             client.close()

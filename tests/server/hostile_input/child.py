@@ -1,0 +1,88 @@
+"""Client code run in a child interpreter, as this uid or another: never in a fork of the test process.
+
+grpcio leaves its threads and fork handlers in a process that opened a channel or started a server, and
+``os.fork()`` in such a process can crash it (the pytest process died of SIGSEGV in a full run this way). A child
+here is a new interpreter, started as this uid; it imports what it needs, then drops to the asked uid (the
+interpreter's folder need not be readable by that uid), and dies with the test process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pwd
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# The child: killed with its parent (PR_SET_PDEATHSIG), tritonclient.grpc and the function's module imported
+# before the uid changes, the function's JSON-able result or its traceback on the last line of stdout.
+RUNNER = """
+import ctypes, importlib, json, os, signal, sys, traceback
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+job = json.loads(sys.stdin.read())
+try:
+    import encodings.idna, tritonclient.grpc  # what their calls import lazily (the uid may not read them)
+    fn = getattr(importlib.import_module(job["module"]), job["name"])
+    if job["uid"] is not None:
+        os.setgroups([])
+        os.setgid(job["gid"])
+        os.setuid(job["uid"])
+    out = {"ok": fn(*job["args"])}
+except BaseException:
+    out = {"error": traceback.format_exc()}
+sys.stdout.write("\\n" + json.dumps(out) + "\\n")
+"""
+
+
+def as_user(uid: int | None, fn: Callable[..., Any], *args: Any, timeout: float = 240) -> Any:
+    """``fn(*args)`` in a child interpreter running as ``uid`` (None: this uid) and that user's group.
+
+    Args:
+        uid: the user the call runs as; None keeps this process's.
+        fn: a module-level function of an importable module; its arguments and result are JSON-able.
+        args: its arguments.
+        timeout: seconds before the child is killed and the call fails.
+
+    Returns:
+        What ``fn`` returned, through JSON.
+
+    Raises:
+        AssertionError: the child raised (its traceback is the message) or printed no result.
+    """
+    job = {"module": fn.__module__, "name": fn.__qualname__, "args": list(args), "uid": uid,
+           "gid": None if uid is None else pwd.getpwuid(uid).pw_gid}
+    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(job), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    lines = done.stdout.strip().splitlines()
+    assert lines and done.returncode == 0, f"the child exited {done.returncode}: {done.stderr[-3000:]}"
+    got = json.loads(lines[-1])
+    assert "error" not in got, got.get("error")
+    return got["ok"]
+
+
+@contextlib.contextmanager
+def holding(script: str, *args: str) -> Iterator[str]:
+    """A child interpreter running ``script`` with ``args`` while the block runs; killed at its end (and with
+    the test process).
+
+    Args:
+        script: Python source; it prints one line once it holds what it was asked to, then waits.
+        args: its ``sys.argv[1:]``.
+
+    Yields:
+        The child's first line of stdout, read before the block starts.
+    """
+    proc = subprocess.Popen([sys.executable, "-c", "import ctypes, signal\n"
+                             "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n" + script, *args],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
