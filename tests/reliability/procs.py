@@ -1,4 +1,5 @@
-"""``irpe serve`` in a subprocess on 127.0.0.1: start, wait ready, read RSS, stop (always)."""
+"""``irpe serve`` in a subprocess on 127.0.0.1: start, wait ready, read RSS, stop (always); a server started from
+the test process's main thread dies with that process, also one that crashes before its fixtures stop it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +20,15 @@ import httpx
 from tests.server.helpers import url_in_log
 
 REPO = Path(__file__).resolve().parents[2]
+# argv: the test process's pid, then the command to become: killed when that process's thread that started it
+# ends (PR_SET_PDEATHSIG, kept across exec), and not started at all when the process is already gone
+_LAUNCH = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the test process that started this server is gone")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 @dataclass
@@ -59,14 +70,22 @@ def serve_command(artifact: Path, port: int, *flags: str, python: str | Path | N
             "--port", str(port), "--log-level", "warning", *flags]
 
 
+def dies_with_this_thread(command: list[str]) -> list[str]:
+    """``command`` behind a launcher that has it killed when the calling thread ends, when that is the main thread
+    (it ends with the process); ``command`` unchanged from another thread, whose end would kill it too early."""
+    if threading.current_thread() is not threading.main_thread():
+        return command
+    return [sys.executable, "-c", _LAUNCH, str(os.getpid()), *command]
+
+
 def start_server(artifact: Path, *flags: str, timeout: float = 90.0, env: dict[str, str] | None = None,
                  python: str | Path | None = None) -> ServerProcess:
     """Start ``irpe serve`` (with ``python``, the test's own by default) from the repository root and wait until
     /readyz answers 200 (killed if it does not)."""
     log = Path(tempfile.mkstemp(prefix="irpe-serve-", suffix=".log")[1])
     with open(log, "wb") as out:
-        proc = subprocess.Popen(serve_command(artifact, 0, *flags, python=python), cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, env=env or server_env())
+        proc = subprocess.Popen(dies_with_this_thread(serve_command(artifact, 0, *flags, python=python)), cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT, env=env or server_env())
     deadline = time.monotonic() + timeout
     try:
         url = url_in_log(proc, log, timeout)
