@@ -111,13 +111,14 @@ step ruff "" .venv/bin/ruff check -q .
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -m "not slow" "$@"
 fi
-# run PART PYTEST-ARGS...: one pytest process, timed; pytest's exit 5 (no tests collected) is a failure too.
+# run PART PYTEST-ARGS...: one pytest process, timed, listing its 15 slowest tests; pytest's exit 5 (no tests
+# collected) is a failure too.
 failed=()
 run() {
   local part=$1 t0 rc=0
   shift
   t0=$(usec)
-  .venv/bin/python -m pytest -m "not slow" "$@" || rc=$?
+  .venv/bin/python -m pytest -m "not slow" --durations=15 "$@" || rc=$?
   note "pytest $part: exit $rc after $(since "$t0")"
   [ "$rc" = 0 ] || failed+=("$part (exit $rc)")
 }
