@@ -1,9 +1,9 @@
 """Client code run in a child interpreter, as this uid or another: never in a fork of the test process.
 
-grpcio leaves its threads and fork handlers in a process that opened a channel or started a server, and
-``os.fork()`` in such a process can crash it (the pytest process died of SIGSEGV in a full run this way). A child
-here is a new interpreter, started as this uid; it imports what it needs, then drops to the asked uid (the
-interpreter's folder need not be readable by that uid), and dies with the test process.
+grpcio leaves its threads and fork handlers in a process that opened a channel or started a server, and a fork of
+such a process can end it or the child with SIGSEGV (docs/testing.md). A child here is a new interpreter started
+as this uid; it imports what it needs, then drops to the asked uid (which need not be able to read the repository
+or the interpreter), and dies with the test process.
 """
 
 from __future__ import annotations
@@ -19,14 +19,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# The child: killed with its parent (PR_SET_PDEATHSIG), tritonclient.grpc and the function's module imported
-# before the uid changes, the function's JSON-able result or its traceback on the last line of stdout.
+# The child: killed with its parent (PR_SET_PDEATHSIG); grpc, tritonclient.grpc and the function's module imported
+# before the uid changes (that uid may not read the repository or the interpreter); the function's JSON-able result
+# or its traceback on the last line of stdout.
 RUNNER = """
-import ctypes, importlib, json, os, signal, sys, traceback
+import ctypes, importlib, json, os, pkgutil, signal, sys, traceback
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 job = json.loads(sys.stdin.read())
 try:
-    import encodings.idna, tritonclient.grpc  # what their calls import lazily (the uid may not read them)
+    import contextlib, encodings.idna, queue, grpc, tritonclient.grpc
+    for package in (grpc, tritonclient.grpc):  # all of them: what a call imports lazily, the uid may not read
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            with contextlib.suppress(ImportError):  # an optional part of grpc: no call here needs it
+                importlib.import_module(module.name)
     fn = getattr(importlib.import_module(job["module"]), job["name"])
     if job["uid"] is not None:
         os.setgroups([])
