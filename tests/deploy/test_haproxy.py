@@ -84,8 +84,9 @@ class Cluster:
         log.close()
 
     def states(self) -> dict[str, str]:
-        """HAProxy's view of the HTTP backend's servers: {"irpe1": "UP", ...} (the runtime API's ``show stat``);
-        "UP" only once a check has passed (HAProxy starts a server UP before its first check)."""
+        """HAProxy's view of the HTTP backend's servers: {"irpe1": "UP", ...} (the runtime API's ``show stat``).
+        "UP" only once a check has passed: HAProxy starts a server UP before its first check ("UNCHECKED"
+        here), and a server UP whose last check failed, down after the next ("UP 1/2"), is "GOING DOWN 1/2"."""
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(str(self.socket))
@@ -97,8 +98,7 @@ class Cluster:
         names = lines[0].removeprefix("# ").split(",")
         rows = [dict(zip(names, line.split(","), strict=False)) for line in lines[1:] if line]
         http = [r for r in rows if r["pxname"] == "irpe_http" and r["svname"].startswith("irpe")]
-        checked = {r["svname"]: r["check_status"].removeprefix("* ") == "L7OK" for r in http}  # "* ": running now
-        return {r["svname"]: r["status"] if checked[r["svname"]] or r["status"] != "UP" else "UNCHECKED" for r in http}
+        return {r["svname"]: _state(r["status"], r["check_status"].removeprefix("* ")) for r in http}  # "* ": running
 
     def wait_state(self, server: str, state: str, timeout: float) -> float:
         """Seconds until HAProxy reports ``server`` in ``state`` (polled every 20 ms)."""
@@ -110,6 +110,11 @@ class Cluster:
             if time.monotonic() - start > timeout:
                 raise TimeoutError(f"{server} not {state} after {timeout}s: {self.states()}\n{self.logs()}")
             time.sleep(0.02)
+
+    def changes(self) -> str:
+        """HAProxy's log lines of servers going up or down, in order."""
+        lines = (self.tmp / "haproxy.log").read_text(errors="replace").splitlines()
+        return "\n".join(line for line in lines if line.startswith("[WARNING]") and " is " in line)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
@@ -123,6 +128,13 @@ class Cluster:
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def _state(status: str, check: str) -> str:
+    """A server's state from ``show stat``'s status and its last check's status (see ``Cluster.states``)."""
+    if status.startswith("UP "):
+        return "GOING DOWN " + status.removeprefix("UP ")
+    return "UNCHECKED" if status == "UP" and check != "L7OK" else status
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +190,8 @@ def test_the_balancer_keeps_the_api_key_and_the_pre_auth_limits(cluster: Cluster
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout)
     assert seen == {"ready": 200, "http_no_key": 401, "http_wrong_key": 401, "http_key": 200,
-                    "http_oversized_head": 400, "grpc_no_key": "StatusCode.UNAUTHENTICATED", "grpc_key": "OK"}, seen
+                    "http_oversized_head": 400, "grpc_no_key": "StatusCode.UNAUTHENTICATED", "grpc_key": "OK"}, \
+        f"{seen}\nHAProxy's view now: {cluster.states()}\n{cluster.changes()}\n{cluster.logs()}"
 
 
 def test_rolling_restart_under_load_fails_no_request(cluster: Cluster) -> None:
