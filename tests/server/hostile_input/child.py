@@ -3,7 +3,8 @@
 grpcio leaves its threads and fork handlers in a process that opened a channel or started a server, and a fork of
 such a process can end it or the child with SIGSEGV (docs/testing.md). A child here is a new interpreter started
 as this uid; it imports what it needs, then drops to the asked uid (which need not be able to read the repository
-or the interpreter), and dies with the test process.
+or the interpreter), and dies with the test process. tritonclient.grpc is imported in children only: its protobuf
+messages clash with the kserve package's, which tests/server/http imports into the test process.
 """
 
 from __future__ import annotations
