@@ -85,8 +85,9 @@ class Cluster:
 
     def states(self) -> dict[str, str]:
         """HAProxy's view of the HTTP backend's servers: {"irpe1": "UP", ...} (the runtime API's ``show stat``).
-        "UP" only once a check has passed: HAProxy starts a server UP before its first check ("UNCHECKED"
-        here), and a server UP whose last check failed, down after the next ("UP 1/2"), is "GOING DOWN 1/2"."""
+        "UP" only once a check has passed: HAProxy shows a server "UP 1/2" until its first check ends, as it
+        does an UP server whose last check failed ("GOING DOWN 1/2" here), and one shown "UP" before a check
+        passed is "UNCHECKED"."""
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(str(self.socket))
