@@ -265,3 +265,12 @@ def test_killed_host_costs_at_most_5_first_attempts_and_none_after_retries(clust
     assert after >= 20, after
     assert len(first) <= 5, first
     assert final == [], final
+
+
+def test_a_server_is_up_only_after_a_passed_check() -> None:
+    """What ``Cluster.states`` makes of ``show stat``: HAProxy 2.6 shows "UP 1/2" (check "* INI") until a server's
+    first check ends, which the fixture must not take for UP."""
+    assert _state("UP 1/2", "INI") == "GOING DOWN 1/2"
+    assert _state("UP", "INI") == "UNCHECKED"
+    assert _state("UP", "L7OK") == "UP"
+    assert _state("DOWN 1/2", "L7OK") == "DOWN 1/2"
