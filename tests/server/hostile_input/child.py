@@ -3,8 +3,9 @@
 grpcio leaves its threads and fork handlers in a process that opened a channel or started a server, and a fork of
 such a process can end it or the child with SIGSEGV (docs/testing.md). A child here is a new interpreter started
 as this uid; it imports what it needs, then drops to the asked uid (which need not be able to read the repository
-or the interpreter), and dies with the test process. tritonclient.grpc is imported in children only: its protobuf
-messages clash with the kserve package's, which tests/server/http imports into the test process.
+or the interpreter), and dies with the test process (``procs.dies_with_this_thread``). tritonclient.grpc is
+imported in children only: its protobuf messages clash with the kserve package's, which tests/server/http imports
+into the test process.
 """
 
 from __future__ import annotations
@@ -18,21 +19,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.reliability.procs import dies_with_this_thread
+
 ROOT = Path(__file__).resolve().parents[3]
 
-# The child: killed with its parent (PR_SET_PDEATHSIG); grpc, tritonclient.grpc and the function's module imported
-# before the uid changes (that uid may not read the repository or the interpreter); the function's JSON-able result
-# or its traceback on the last line of stdout.
+# The child: the function's module imported, and for another uid all of grpc and tritonclient.grpc too, before
+# the uid changes (that uid may not read the repository or the interpreter, and a call imports lazily); the
+# function's JSON-able result or its traceback on the last line of stdout.
 RUNNER = """
-import ctypes, importlib, json, os, pkgutil, signal, sys, traceback
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+import contextlib, importlib, json, os, pkgutil, sys, traceback
 job = json.loads(sys.stdin.read())
 try:
-    import contextlib, encodings.idna, queue, grpc, tritonclient.grpc
-    for package in (grpc, tritonclient.grpc):  # all of them: what a call imports lazily, the uid may not read
-        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            with contextlib.suppress(ImportError):  # an optional part of grpc: no call here needs it
-                importlib.import_module(module.name)
+    import tritonclient.grpc
+    if job["uid"] is not None:
+        import encodings.idna, queue, grpc
+        for package in (grpc, tritonclient.grpc):
+            for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+                with contextlib.suppress(ImportError):  # an optional part of grpc: no call here needs it
+                    importlib.import_module(module.name)
     fn = getattr(importlib.import_module(job["module"]), job["name"])
     if job["uid"] is not None:
         os.setgroups([])
@@ -62,8 +66,8 @@ def as_user(uid: int | None, fn: Callable[..., Any], *args: Any, timeout: float 
     """
     job = {"module": fn.__module__, "name": fn.__qualname__, "args": list(args), "uid": uid,
            "gid": None if uid is None else pwd.getpwuid(uid).pw_gid}
-    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(job), capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    done = subprocess.run(dies_with_this_thread([sys.executable, "-c", RUNNER]), input=json.dumps(job),
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     lines = done.stdout.strip().splitlines()
     assert lines and done.returncode == 0, f"the child exited {done.returncode}: {done.stderr[-3000:]}"
     got = json.loads(lines[-1])
@@ -83,9 +87,8 @@ def holding(script: str, *args: str) -> Iterator[str]:
     Yields:
         The child's first line of stdout, read before the block starts.
     """
-    proc = subprocess.Popen([sys.executable, "-c", "import ctypes, signal\n"
-                             "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n" + script, *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(dies_with_this_thread([sys.executable, "-c", script, *args]), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None
         yield proc.stdout.readline()
