@@ -28,7 +28,7 @@ from ..hosting.host import ModelVersion, clip, parse_version
 from ..pipeline import oip
 from ..pipeline.service import Service
 from ..pipeline.sysshm import OwnedRegions
-from . import control, shm_access
+from . import control, known_headers, shm_access
 from . import kserve_codec as codec
 from .body import read_body
 from .errors import v2_error_responses
@@ -94,11 +94,19 @@ def _decode(raw: bytes, encoding: str, header_len: str | None, artifact: ModelAr
     shared-memory region is not read here (:func:`_shm_images`)."""
     body = codec.inflate(raw, encoding, limit)
     split = codec.header_length(header_len, len(body))
+    binary = body is raw and header_len is not None  # uncompressed, the binary tensor extension
+    if binary and (seen := known_headers.known(body, split, artifact)) is not None:
+        return Decoded(seen.req, seen.spec, oip.check_images(seen.images(body, split), max_images), None, [],
+                       seen.outputs)
     req, spec = codec.parse_request(body[:split], artifact)
     outputs = codec.requested_outputs(req, artifact)  # checked before
     ref = codec.input_region(spec)
     images = None if ref is not None else codec.input_array(spec, body, split, max_images)
-    return Decoded(req, spec, images, ref, [out.shm for out in outputs if out.shm is not None], outputs)
+    output_refs = [out.shm for out in outputs if out.shm is not None]
+    if binary and images is not None and not output_refs and "binary_data_size" in (spec.get("parameters") or {}):
+        known_headers.remember(body, split, known_headers.KnownHeader(
+            artifact, len(body), req, spec, outputs, tuple(images.shape)))
+    return Decoded(req, spec, images, ref, output_refs, outputs)
 
 
 async def _shm_images(request: Request, service: Service, decoded: Decoded) -> tuple[np.ndarray, OwnedRegions]:
