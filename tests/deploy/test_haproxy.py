@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy import netns
+from tests.reliability.procs import dies_with_this_thread
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
@@ -67,8 +68,9 @@ class Cluster:
         command = [sys.executable, "-m", "irpe", "serve", "digits", "--host", self.lab.addresses[i], "--port",
                    str(HTTP_PORT), "--grpc-port", str(GRPC_PORT), "--drain-s", str(DRAIN_S), "--log-level", "warning"]
         log = open(self.tmp / f"host{i + 1}.log", "ab")  # noqa: SIM115 (the child holds it)
-        self.hosts[i] = subprocess.Popen(self.lab.exec(self.lab.hosts[i], command), cwd=REPO, env=env,
-                                         stdout=log, stderr=subprocess.STDOUT)
+        # dies with the test process, as HAProxy does (the launcher and ip netns exec both exec: one pid)
+        self.hosts[i] = subprocess.Popen(dies_with_this_thread(self.lab.exec(self.lab.hosts[i], command)), cwd=REPO,
+                                         env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
     def start_haproxy(self, config: Path = CONFIG) -> None:
@@ -79,8 +81,8 @@ class Cluster:
         env = dict(os.environ, IRPE_LB_HTTP=LB_HTTP, IRPE_LB_GRPC=LB_GRPC, HAPROXY_STATS_SOCKET=str(self.socket),
                    **{f"IRPE_HOST_{i + 1}": a for i, a in enumerate(self.lab.addresses)})
         log = open(self.tmp / "haproxy.log", "ab")  # noqa: SIM115
-        self.haproxy = subprocess.Popen(self.lab.exec(self.lab.balancer, ["haproxy", "-db", "-f", str(config)]),
-                                        env=env, stdout=log, stderr=subprocess.STDOUT)
+        command = self.lab.exec(self.lab.balancer, ["haproxy", "-db", "-f", str(config)])
+        self.haproxy = subprocess.Popen(dies_with_this_thread(command), env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
     def states(self) -> dict[str, str]:
@@ -109,8 +111,15 @@ class Cluster:
                 if self.states().get(server, "").startswith(state):
                     return time.monotonic() - start
             if time.monotonic() - start > timeout:
-                raise TimeoutError(f"{server} not {state} after {timeout}s: {self.states()}\n{self.logs()}")
+                raise TimeoutError(f"{server} not {state} after {timeout}s: {self.view()}\n{self.logs()}")
             time.sleep(0.02)
+
+    def view(self) -> str:
+        """:meth:`states` for a failure message, or why HAProxy did not say (it died, its socket is gone)."""
+        try:
+            return str(self.states())
+        except OSError as e:
+            return f"HAProxy's runtime API did not answer ({e!r})"
 
     def changes(self) -> str:
         """HAProxy's log lines of servers going up or down, in order."""
@@ -192,7 +201,7 @@ def test_the_balancer_keeps_the_api_key_and_the_pre_auth_limits(cluster: Cluster
     seen = json.loads(out.stdout)
     assert seen == {"ready": 200, "http_no_key": 401, "http_wrong_key": 401, "http_key": 200,
                     "http_oversized_head": 400, "grpc_no_key": "StatusCode.UNAUTHENTICATED", "grpc_key": "OK"}, \
-        f"{seen}\nHAProxy's view now: {cluster.states()}\n{cluster.changes()}\n{cluster.logs()}"
+        f"{seen}\nHAProxy's view now: {cluster.view()}\n{cluster.changes()}\n{cluster.logs()}"
 
 
 def test_rolling_restart_under_load_fails_no_request(cluster: Cluster) -> None:

@@ -27,7 +27,7 @@ import ctypes, os, signal, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 if os.getppid() != int(sys.argv[1]):
     sys.exit("the test process that started this server is gone")
-os.execv(sys.argv[2], sys.argv[2:])
+os.execvp(sys.argv[2], sys.argv[2:])
 """
 
 
