@@ -25,7 +25,8 @@ import numpy as np
 from irpe.artifact import ModelArtifact
 
 KNOWN_HEADERS = 64  # headers remembered (then forgotten all at once)
-KNOWN_HEADER_BYTES = 4096  # the longest header remembered (perf_analyzer's is about 200 bytes)
+KNOWN_HEADER_BYTES = 1024  # the longest header remembered (perf_analyzer's is about 200 bytes; a 1 KB header of
+# nested empty lists parses to about 30 KB of objects, so all the headers kept hold about 2 MB at most)
 
 
 @dataclass(frozen=True)
