@@ -1,6 +1,6 @@
 """A binary infer request whose JSON header was seen before takes the first one's parse: only when that parse holds
-for it (same header bytes, body size, artifact and batch limit), with its own tensor read and checked each time;
-and over real HTTP, tritonclient's repeated requests get each its own answer."""
+for it (the same header bytes, body size and artifact), with its own tensor read and checked, and its batch held
+to the limit, each time; and over real HTTP, tritonclient's repeated requests get each its own answer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from irpe.artifact import load_artifact
+from irpe.artifact import ModelArtifact, load_artifact
 from irpe.server.http import known_headers
 from irpe.server.http.kserve import _decode
 from irpe.server.pipeline.oip import ProtocolError
@@ -34,9 +34,9 @@ def _request(x: np.ndarray, header: dict[str, object] | None = None, tail: bytes
     return head + x.astype("<f4").tobytes() + tail, str(len(head))
 
 
-def _decode_new(x: np.ndarray, header: dict[str, object], art: object) -> None:
+def _decode_new(x: np.ndarray, header: dict[str, object], art: ModelArtifact) -> None:
     body, length = _request(x, header)
-    _decode(body, "", length, art, LIMIT, 32)  # type: ignore[arg-type]
+    _decode(body, "", length, art, LIMIT, 32)
 
 
 def _images(seed: int, n: int = 2) -> np.ndarray:
