@@ -10,8 +10,9 @@ length and a body of the same size is the same request with another tensor: it t
 for byte what parsing it again would find; its tensor's values, and its batch against the limit, are checked as
 every request's are.
 
-Only requests whose answer depends on nothing else in the header are remembered: an uncompressed body, the
-tensor in the body (not in client shared memory), no request ``id``.
+Only the requests this serves are remembered: an uncompressed body with the tensor in it (not in client shared
+memory), and no request ``id`` (a client that sends one sends a new one each time: its headers would only push the
+others out).
 """
 
 from __future__ import annotations
