@@ -82,6 +82,27 @@ def http_answers(url: str) -> dict[str, str]:
         for name, (method, path, kwargs) in calls.items():
             response = client.request(method, path, **kwargs)
             answers[name] = f"{response.status_code} {stable(response.content)}"
+        answers.update(binary_answers(client, meta, shape))
+    return answers
+
+
+def binary_answers(client: httpx.Client, meta: dict, shape: list[int]) -> dict[str, str]:
+    """Binary tensor extension infers as perf_analyzer sends them (``"id":""``), each twice (the second takes the
+    remembered parse of its header), with a real id and with none: status, the answer's JSON header, its tensor's
+    bytes in hex."""
+    answers = {}
+    tensor = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32)
+    for name, extra in (("perf_analyzer's empty id", {"id": ""}), ("an id", {"id": "r7"}), ("no id", {})):
+        header = json.dumps({**extra, "inputs": [{"name": meta["inputs"][0]["name"], "datatype": "FP32",
+                                                  "shape": shape, "parameters": {"binary_data_size": tensor.nbytes}}],
+                             "outputs": [{"name": meta["outputs"][0]["name"],
+                                          "parameters": {"binary_data": True}}]}).encode()
+        for turn, values in (("first", tensor), ("again", tensor[::-1].copy())):
+            response = client.post(f"/v2/models/{MODEL}/infer", content=header + values.tobytes(), headers={
+                "Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+            split = int(response.headers.get("inference-header-content-length", len(response.content)))
+            answers[f"POST /v2 infer binary, {name}, {turn}"] = (
+                f"{response.status_code} {stable(response.content[:split])} {response.content[split:].hex()}")
     return answers
 
 

@@ -11,8 +11,8 @@ for byte what parsing it again would find; its tensor's values, and its batch ag
 every request's are.
 
 Only the requests this serves are remembered: an uncompressed body with the tensor in it (not in client shared
-memory), and no request ``id`` (a client that sends one sends a new one each time: its headers would only push the
-others out).
+memory), and no request ``id`` but the empty one (``perf_analyzer`` sends ``"id":""`` on every request; a client
+that sends a real id sends a new one each time: its headers would only push the others out).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def known(body: bytes, split: int, artifact: ModelArtifact) -> KnownHeader | Non
 def remember(body: bytes, split: int, entry: KnownHeader) -> None:
     """Keep ``entry``, the parse of ``body``'s header, when the module docstring's conditions hold (the caller
     has checked the request and found no shared memory and no compression)."""
-    if split > KNOWN_HEADER_BYTES or "id" in entry.req:
+    if split > KNOWN_HEADER_BYTES or entry.req.get("id"):
         return
     if len(_KNOWN) >= KNOWN_HEADERS:
         _KNOWN.clear()

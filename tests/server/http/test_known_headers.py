@@ -105,6 +105,19 @@ def test_headers_with_an_id_compressed_or_json_data_are_not_remembered(tiny_arti
     assert known_headers._KNOWN == {}
 
 
+def test_a_header_with_the_empty_id_perf_analyzer_sends_is_remembered(tiny_artifact: Path) -> None:
+    art = load_artifact(tiny_artifact)
+    header = {"id": "", **BINARY}
+    body, length = _request(_images(1), header)
+    first = _decode(body, "", length, art, LIMIT, 32)
+    assert len(known_headers._KNOWN) == 1
+    body, length = _request(_images(2), header)
+    again = _decode(body, "", length, art, LIMIT, 32)
+    assert len(known_headers._KNOWN) == 1
+    assert again.req is first.req and again.req["id"] == ""
+    np.testing.assert_array_equal(again.images, _images(2))
+
+
 def test_at_most_the_set_number_of_headers_of_bounded_size_are_kept(tiny_artifact: Path) -> None:
     art = load_artifact(tiny_artifact)
     for i in range(known_headers.KNOWN_HEADERS + 5):
