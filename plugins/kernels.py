@@ -25,7 +25,6 @@ INDEX_BLOCK_J = 64
 SUM_BLOCK_J = 32
 MAX_BLOCK_BH = 64
 AOT_BLOCK_BH = 32  # fixed at AOT time, where the batch is symbolic
-DOT_PRECISION = {"fp32": "tf32x3", "fp16": "ieee"}  # RPEBucketSum's tl.dot input precision per input dtype
 
 
 @triton.jit
@@ -47,8 +46,7 @@ def rpe_index_kernel(lut_ptr, index_ptr, BH, LQ, LK, K, out_ptr,
 
 @triton.jit
 def bucket_sum_kernel(attn_ptr, index_ptr, BH, LQ, LK, K, out_ptr,
-                      BLOCK_BH: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PRECISION: tl.constexpr):
+                      BLOCK_BH: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[bh, i, k] = sum_j [index[i, j] == k] attn[bh, i, j], accumulated in fp32."""
     i = tl.program_id(0)
     bh = tl.program_id(1) * BLOCK_BH + tl.arange(0, BLOCK_BH)
@@ -63,7 +61,10 @@ def bucket_sum_kernel(attn_ptr, index_ptr, BH, LQ, LK, K, out_ptr,
         a = tl.load(attn_ptr + rows[:, None] * LK + j[None, :],
                     mask=bh_mask[:, None] & j_mask[None, :], other=0.0)
         onehot = (idx[:, None] == ks[None, :]).to(a.dtype)
-        acc = tl.dot(a, onehot, acc, input_precision=PRECISION)
+        if attn_ptr.dtype.element_ty == tl.float32:  # decided when compiled (module docstring)
+            acc = tl.dot(a, onehot, acc, input_precision="tf32x3")
+        else:
+            acc = tl.dot(a, onehot, acc, input_precision="ieee")
     out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * K + ks[None, :], out, mask=bh_mask[:, None] & (ks[None, :] < K))
 
@@ -117,7 +118,6 @@ def bucket_sum(attn: Any, index: Any, num_buckets: int, out: Any = None, *, bloc
         out = torch.empty((*attn.shape[:3], num_buckets), dtype=attn.dtype, device=attn.device)
     block_bh = block_bh or block_bh_for(bh)
     grid = (lq, triton.cdiv(bh, block_bh))
-    precision = DOT_PRECISION["fp32" if attn.dtype == torch.float32 else "fp16"]
     bucket_sum_kernel[grid](attn, index, bh, lq, lk, num_buckets, out, BLOCK_BH=block_bh,
-                            BLOCK_J=block_j, BLOCK_K=block_k_for(num_buckets), PRECISION=precision)
+                            BLOCK_J=block_j, BLOCK_K=block_k_for(num_buckets))
     return out

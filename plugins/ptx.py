@@ -51,7 +51,6 @@ class CompiledKernel:
     block_bh: int
     block_j: int
     block_k: int | None = None
-    precision: str | None = None  # RPEBucketSum's tl.dot input precision (kernels.DOT_PRECISION)
 
     @property
     def block_x(self) -> int:
@@ -139,10 +138,9 @@ def compile_ptx(op: str, dtype: str = "fp32", arch: int = 80, *, num_buckets: in
         if not num_buckets:
             raise ValueError("RPEBucketSum needs num_buckets to size its one-hot tile")
         block_j, block_k = kernels.SUM_BLOCK_J, kernels.block_k_for(num_buckets)
-        precision = kernels.DOT_PRECISION[dtype]
-        constexprs.update(BLOCK_J=block_j, BLOCK_K=block_k, PRECISION=precision)
+        constexprs.update(BLOCK_J=block_j, BLOCK_K=block_k)
     else:
-        block_j, block_k, precision = kernels.INDEX_BLOCK_J, None, None
+        block_j, block_k = kernels.INDEX_BLOCK_J, None
         constexprs["BLOCK_J"] = block_j
     src = triton.compiler.ASTSource(fn=_jit_function(op), signature=_signature(op, dtype), constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
@@ -151,5 +149,4 @@ def compile_ptx(op: str, dtype: str = "fp32", arch: int = 80, *, num_buckets: in
     md = compiled.metadata
     ptx = strip_unused_trailing_params(compiled.asm["ptx"], md.name, keep=len(_signature(op, dtype)))
     return CompiledKernel(op=op, dtype=dtype, arch=arch, kernel_name=md.name, ptx=ptx, num_warps=md.num_warps,
-                          shared_mem=md.shared, block_bh=block_bh, block_j=block_j, block_k=block_k,
-                          precision=precision)
+                          shared_mem=md.shared, block_bh=block_bh, block_j=block_j, block_k=block_k)

@@ -106,7 +106,7 @@ def _run_declared(kernel, launch, ck, x, index, out_shape):
     out = torch.full(out_shape, float("nan"))
     consts = {"BLOCK_BH": ck.block_bh, "BLOCK_J": ck.block_j}
     if ck.block_k:
-        consts.update(BLOCK_K=ck.block_k, PRECISION=ck.precision)
+        consts["BLOCK_K"] = ck.block_k
     kernel[launch.grid[:2]](torch.from_numpy(x), torch.from_numpy(index), *launch.extra_args, out, **consts)
     assert not torch.isnan(out).any(), "the declared grid leaves part of the output unwritten"
     return out.numpy()
