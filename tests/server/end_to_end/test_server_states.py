@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.benchmarks.test_triton_bench import _perf_analyzer_runs
 from tests.server.helpers import (
     BIAS,
     CROP,
@@ -177,6 +178,43 @@ def _classify_once_warm(url: str, body: bytes, deadline: float) -> httpx.Respons
         if r.status_code != 503 or "not_ready" not in r.text or time.monotonic() > deadline:
             return r
         time.sleep(0.1)
+
+
+def test_server_metadata_lists_statistics_only_for_one_process() -> None:
+    from irpe.server.config import Settings
+    from irpe.server.pipeline import oip
+
+    assert "statistics" in oip.server_metadata(Settings())["extensions"]
+    per_process = oip.server_metadata(Settings(workers=2))["extensions"]
+    assert "statistics" not in per_process and per_process == [e for e in oip.EXTENSIONS if e != "statistics"]
+
+
+@pytest.mark.perf_analyzer  # IRPE_TEST_WITHOUT=perf_analyzer opts out (tests/conftest.py)
+@pytest.mark.skipif(not _perf_analyzer_runs(), reason="perf_analyzer (or its podman image) is not here")
+def test_perf_analyzer_measures_workers_from_the_client_side(tiny_artifact: Path) -> None:
+    """``--workers 2`` lists no statistics extension, so perf_analyzer reads none: statistics read from two
+    different workers made it fail ("failed to find the requested model version") in about half its runs."""
+    from irpe.bench.perf_analyzer import Target, pa_args, perf_analyzer_command, run_pa
+
+    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(tiny_artifact), "--port", "0",
+                             "--workers", "2", "--log-level", "warning"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        url = announced_url(proc)
+        wait_ready(url, timeout=60)
+        deadline = time.monotonic() + 60
+        while len(_model_holders(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for seed in range(8):  # each worker warm: new connections spread over both
+            assert _classify_once_warm(url, encode(image(seed=seed)), deadline).status_code == 200
+        assert "statistics" not in httpx.get(f"{url}/v2", timeout=10).json()["extensions"]
+        target = Target("irpe", "http", url.removeprefix("http://"), "tiny-mean")
+        for _ in range(3):
+            m = run_pa(perf_analyzer_command(), pa_args(target, 8, 300), timeout_s=120, tries=1, client_only=True)
+            assert m.rps > 0 and m.inferences == 0  # no "Server:" section: nothing read from the workers
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--max-batch", "--max-queue"])
