@@ -20,12 +20,14 @@ window length moves them; a quiet machine is what tells the two apart.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import tempfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +121,18 @@ class Target:
     model: str
     pid: int = 0  # the server's root process (0: no CPU figure)
     stats_url: str = ""  # where its HTTP statistics extension answers
+
+
+def lists_statistics(http_url: str, timeout_s: float = 10.0) -> bool:
+    """Whether the server at ``http_url`` (host:port) lists Triton's statistics extension in its metadata
+    (``GET /v2``). perf_analyzer reads server figures only from a server that lists it, and only such a server's
+    statistics count every request it answered (``irpe serve --workers N`` lists none: each worker counts its own).
+
+    Raises:
+        OSError: the server did not answer.
+    """
+    with urllib.request.urlopen(f"http://{http_url}/v2", timeout=timeout_s) as r:
+        return "statistics" in (json.loads(r.read()).get("extensions") or [])
 
 
 def pa_args(t: Target, concurrency: int, interval_ms: int) -> list[str]:

@@ -12,8 +12,10 @@ servers reversed between rounds, so load from elsewhere on the machine hits them
 Per cell: infer/s, p50 and p99 (client), the client-minus-server latency (perf_analyzer's average latency
 minus the server's own average request latency from its statistics extension), images per execution
 (inference count / execution count from those statistics) and the server's CPU-us per answered request (its
-whole process tree: :mod:`.server_cpu`). The ratio irpe/Triton is the median over the rounds of the per-round
-ratio (the two measured seconds apart), next to the medians of each figure.
+whole process tree: :mod:`.server_cpu`); a server whose metadata lists no statistics extension (``irpe serve
+--workers N``, whose workers each count their own) gets perf_analyzer's client figures only. The ratio
+irpe/Triton is the median over the rounds of the per-round ratio (the two measured seconds apart), next to the
+medians of each figure.
 
 Beside them, measured in the same rounds (``Options.floor``), two floors on the same Python stack as ``irpe
 serve`` (uvicorn with httptools on uvloop, grpc.aio): "floor", a minimal KServe handler with no model
@@ -35,7 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .floors import BareSession
-from .perf_analyzer import MISSED, BenchError, Measure, Target, pa_args, perf_analyzer_command, run_pa
+from .perf_analyzer import (
+    MISSED,
+    BenchError,
+    Measure,
+    Target,
+    lists_statistics,
+    pa_args,
+    perf_analyzer_command,
+    run_pa,
+)
 
 SERVERS = ("triton", "irpe")
 PROTOCOLS = ("http", "grpc")
@@ -71,13 +82,15 @@ class Cell:
 
 
 def run_measured(command: list[str], t: Target, concurrency: int, interval_ms: int) -> Measure:
-    """:func:`run_pa` with the server's CPU per answered request over the run (:mod:`.server_cpu`)."""
-    if not t.pid:
-        return run_pa(command, pa_args(t, concurrency, interval_ms))
+    """:func:`run_pa` with the server's CPU per answered request over the run (:mod:`.server_cpu`); a target
+    without ``stats_url`` (no statistics that count the whole server) gets perf_analyzer's client figures only."""
+    client_only = t.server.startswith("floor") or not t.stats_url
+    if not t.pid or not t.stats_url:
+        return run_pa(command, pa_args(t, concurrency, interval_ms), client_only=client_only)
     from .server_cpu import ServerCpu
 
     with ServerCpu(t.pid, t.stats_url, t.model) as meter:
-        m = run_pa(command, pa_args(t, concurrency, interval_ms), client_only=t.server.startswith("floor"))
+        m = run_pa(command, pa_args(t, concurrency, interval_ms), client_only=client_only)
     return dataclasses.replace(m, cpu_us=meter.us_per_request())
 
 
@@ -221,8 +234,11 @@ def bench_artifact(artifact: Path, opts: Options, command: list[str], base: str 
     name = load_artifact(artifact).name
     with ExitStack() as stack:
         urls = start_servers(stack, artifact, opts, base)
+        # whose /stats counts every request it answers: a floor's (its metadata lists no extension), and a server
+        # that lists the statistics extension (not irpe serve --workers N)
+        counted = {s: s.startswith("floor") or lists_statistics(urls[s]["http"]) for s in urls}
         targets = {(s, p): Target(s, p, urls[s][p], "irpe" if s == "triton" else name, int(urls[s]["pid"]),
-                                  urls[s]["http"]) for s in urls for p in opts.protocols}
+                                  urls[s]["http"] if counted[s] else "") for s in urls for p in opts.protocols}
         bare = BareSession(artifact)
         cells = measure(targets, opts.protocols, opts.levels, opts.rounds, opts.interval_ms, command, bare.time)
         print(f"bare ONNX Runtime session, {bare.threads} intra-op threads (every core), batch 1, beside the "

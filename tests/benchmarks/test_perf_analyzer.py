@@ -99,3 +99,33 @@ def test_a_run_is_three_short_time_windows_accepted_whatever_their_spread() -> N
     assert flags["--measurement-mode"] == "time_windows" and flags["--measurement-interval"] == "500"
     assert (flags["-s"], flags["--max-trials"], flags["-b"], flags["-i"]) == ("1000", "3", "1", "grpc")
     assert flags["--concurrency-range"] == "32" and "--request-count" not in flags
+
+
+def test_lists_statistics_reads_the_server_metadata() -> None:
+    import http.server
+    import json
+    import threading
+
+    answers = iter([["binary_tensor_data", "statistics"], ["binary_tensor_data"], None])
+
+    class Metadata(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            assert self.path == "/v2"
+            extensions = next(answers)
+            body = json.dumps({"name": "s"} if extensions is None else {"name": "s", "extensions": extensions})
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"127.0.0.1:{server.server_address[1]}"
+        assert [pa.lists_statistics(url) for _ in range(3)] == [True, False, False]
+    finally:
+        server.shutdown()
+        server.server_close()

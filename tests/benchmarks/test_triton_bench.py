@@ -136,3 +136,19 @@ def test_the_engine_floor_ratios_are_medians_of_the_per_round_ratios() -> None:
     # per round floor+engine/Triton 1.0, 0.5, 1.0 and irpe/floor+engine 0.9, 1.0, 1.25
     assert tb.format_cells("t", [cell]).splitlines()[-1].split()[-2:] == ["1.00", "1.00"]
     assert "f+e/Triton" not in tb.format_cells("t", [tb.Cell("http", 8, {"triton": [m(1)], "irpe": [m(1)]})])
+
+
+def test_a_server_without_whole_server_statistics_is_measured_from_the_client(tmp_path: Path) -> None:
+    """No ``stats_url`` (``irpe serve --workers N``: each worker counts its own): perf_analyzer's report has no
+    server section, and no CPU per request is made up from one worker's count."""
+    import os
+    import sys
+
+    from tests.benchmarks.test_perf_analyzer import REPORT
+
+    script = tmp_path / "pa.py"
+    script.write_text(f"print({REPORT.split('  Server:')[0]!r})\n")
+    target = tb.Target("irpe", "http", "127.0.0.1:1", "m", pid=os.getpid(), stats_url="")
+    m = tb.run_measured([sys.executable, str(script)], target, 8, 300)
+    assert m.rps == 250.731 and (m.inferences, m.executions) == (0, 0)
+    assert m.cpu_us != m.cpu_us  # nan: not measured
