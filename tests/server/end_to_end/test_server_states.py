@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -145,11 +147,11 @@ def _model_holders(pid: int) -> list[int]:
     return holders
 
 
-def test_workers_serve_from_separate_processes(tiny_artifact: Path) -> None:
-    """``--workers 2``: two uvicorn worker processes, each with its own model, answer correctly."""
-    from tests.server.http.test_app import _check, _expected
-
-    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(tiny_artifact), "--port", "0",
+@contextlib.contextmanager
+def _two_workers(artifact: Path) -> Iterator[tuple[subprocess.Popen, str, float]]:
+    """``irpe serve --workers 2`` on ``artifact``: (the supervisor, its URL, a deadline 60 s on) once it is ready
+    and each worker has loaded the model (or the deadline passed); stopped on exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(artifact), "--port", "0",
                              "--workers", "2", "--log-level", "warning"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -158,15 +160,23 @@ def test_workers_serve_from_separate_processes(tiny_artifact: Path) -> None:
         deadline = time.monotonic() + 60
         while len(_model_holders(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
+        yield proc, url, deadline
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_workers_serve_from_separate_processes(tiny_artifact: Path) -> None:
+    """``--workers 2``: two uvicorn worker processes, each with its own model, answer correctly."""
+    from tests.server.http.test_app import _check, _expected
+
+    with _two_workers(tiny_artifact) as (proc, url, deadline):
         assert len(_model_holders(proc.pid)) == 2  # one model per worker process
         assert "onnxruntime" not in Path(f"/proc/{proc.pid}/maps").read_text()  # the supervisor holds none
         for seed in range(8):  # a new connection each: the kernel spreads them over the workers' accept()
             r = _classify_once_warm(url, encode(image(seed=seed)), deadline)
             assert r.status_code == 200, r.text
             _check(r.json()["predictions"][0], _expected(seed), 5)
-    finally:
-        proc.terminate()
-        proc.wait(30)
     assert proc.returncode in (0, -15)
 
 
@@ -196,15 +206,7 @@ def test_perf_analyzer_measures_workers_from_the_client_side(tiny_artifact: Path
     different workers made it fail ("failed to find the requested model version") in about half its runs."""
     from irpe.bench.perf_analyzer import Target, pa_args, perf_analyzer_command, run_pa
 
-    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(tiny_artifact), "--port", "0",
-                             "--workers", "2", "--log-level", "warning"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        url = announced_url(proc)
-        wait_ready(url, timeout=60)
-        deadline = time.monotonic() + 60
-        while len(_model_holders(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with _two_workers(tiny_artifact) as (_, url, deadline):
         for seed in range(8):  # each worker warm: new connections spread over both
             assert _classify_once_warm(url, encode(image(seed=seed)), deadline).status_code == 200
         assert "statistics" not in httpx.get(f"{url}/v2", timeout=10).json()["extensions"]
@@ -212,9 +214,6 @@ def test_perf_analyzer_measures_workers_from_the_client_side(tiny_artifact: Path
         for _ in range(3):
             m = run_pa(perf_analyzer_command(), pa_args(target, 8, 300), timeout_s=120, tries=1, client_only=True)
             assert m.rps > 0 and m.inferences == 0  # no "Server:" section: nothing read from the workers
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--max-batch", "--max-queue"])
