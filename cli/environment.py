@@ -49,6 +49,10 @@ VARIABLES: tuple[EnvironmentVariable, ...] = (
         "IRPE_OV_CACHE_DIR", "unset (no cache)", "directory where OpenVINO caches compiled models, so a restart "
         "skips compilation", "irpe serve --backend openvino, irpe classify --backend openvino"),
     EnvironmentVariable(
+        "IRPE_WORKER_STATS_DIR", "set by irpe serve --workers N for its workers", "the directory (mode 0700) "
+        "where the workers add up their /v2 statistics; made and removed by the launcher, not set by hand",
+        "irpe serve --workers N"),
+    EnvironmentVariable(
         "IRPE_PERF_ANALYZER", "perf_analyzer on PATH, else scripts/perf-analyzer.sh", "the perf_analyzer command "
         "line", "irpe bench triton", flag="irpe bench triton --perf-analyzer"),
     EnvironmentVariable(

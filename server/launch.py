@@ -19,6 +19,7 @@ from .hosting.repository import check_layout, is_plain_artifact, scan
 from .http.protocol import uvicorn_config_kwargs
 from .memory import tune_gc
 from .runtime import announce, configure_logging, raise_open_file_limit
+from .worker_stats import shared_directory
 
 
 def serve(settings: Settings) -> None:
@@ -148,7 +149,8 @@ def _run_workers(settings: Settings) -> None:
         _cannot_listen(settings)
         raise
     announce(sock.getsockname())
-    Multiprocess(config, sockets=[sock]).run()
+    with shared_directory():  # /v2 statistics summed over the workers
+        Multiprocess(config, sockets=[sock]).run()
 
 
 def _cannot_listen(settings: Settings) -> None:

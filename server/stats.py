@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-_PHASES = ("compute_input", "compute_infer", "compute_output")
+PHASES = ("compute_input", "compute_infer", "compute_output")
 FAIL_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")  # Triton's nv_inference_request_failure reasons
 
 
@@ -28,7 +28,8 @@ class BatchPhases:
     output_s: float  # handing the rows back (compute_output)
 
 
-def _duration(count: int = 0, ns: int = 0) -> dict[str, int]:
+def duration(count: int = 0, ns: int = 0) -> dict[str, int]:
+    """A Triton ``StatisticDuration``: a count and its total nanoseconds."""
     return {"count": count, "ns": ns}
 
 
@@ -37,7 +38,7 @@ class ModelStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._totals: dict[str, list[int]] = {k: [0, 0] for k in ("success", "fail", "queue", *_PHASES)}
+        self._totals: dict[str, list[int]] = {k: [0, 0] for k in ("success", "fail", "queue", *PHASES)}
         self._by_batch: dict[int, dict[str, list[int]]] = {}
         self.inference_count = 0  # images
         self.execution_count = 0  # engine calls
@@ -69,8 +70,8 @@ class ModelStats:
         """
         with self._lock:
             self._add(self._totals["queue"], len(queue_s), sum(queue_s))
-            per = self._by_batch.setdefault(size, {k: [0, 0] for k in _PHASES})
-            for name, seconds in zip(_PHASES, (phases.stack_s, phases.infer_s, phases.output_s), strict=True):
+            per = self._by_batch.setdefault(size, {k: [0, 0] for k in PHASES})
+            for name, seconds in zip(PHASES, (phases.stack_s, phases.infer_s, phases.output_s), strict=True):
                 self._add(self._totals[name], len(queue_s), seconds * requests)
                 self._add(per[name], 1, seconds)
             self.inference_count += size
@@ -94,10 +95,10 @@ class ModelStats:
             The entry.
         """
         with self._lock:
-            infer = {k: _duration(*v) for k, v in self._totals.items()}
-            infer["cache_hit"] = _duration()
-            infer["cache_miss"] = _duration()
-            batches = [{"batch_size": size, **{k: _duration(*v) for k, v in per.items()}}
+            infer = {k: duration(*v) for k, v in self._totals.items()}
+            infer["cache_hit"] = duration()
+            infer["cache_miss"] = duration()
+            batches = [{"batch_size": size, **{k: duration(*v) for k, v in per.items()}}
                        for size, per in sorted(self._by_batch.items())]
             out = {"name": name, "version": version, "last_inference": self.last_inference_ms,
                    "inference_count": self.inference_count, "execution_count": self.execution_count,

@@ -23,7 +23,6 @@ from irpe.artifact import ModelArtifact
 from irpe.artifact.protowire import length_delimited
 from irpe.artifact.protowire import write_varint as _varint
 
-from ..config import Settings
 from ..pipeline import oip
 from ..pipeline.oip import ProtocolError
 from ..pipeline.sysshm import OwnedRegions
@@ -230,9 +229,9 @@ def _field(number: int, data: bytes) -> bytes:
     return length_delimited(number, data) if data else b""
 
 
-def server_metadata(settings: Settings) -> pb.ServerMetadataResponse:
-    """Server name, version and extensions (:func:`~..pipeline.oip.server_metadata`)."""
-    return pb.ServerMetadataResponse(**oip.server_metadata(settings))
+def server_metadata() -> pb.ServerMetadataResponse:
+    """Server name, version and extensions."""
+    return pb.ServerMetadataResponse(**oip.server_metadata())
 
 
 def model_metadata(meta: dict[str, Any]) -> pb.ModelMetadataResponse:

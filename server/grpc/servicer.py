@@ -117,7 +117,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc()
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
-        return codec.server_metadata(self.service.settings)
+        return codec.server_metadata()
 
     @rpc()
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:

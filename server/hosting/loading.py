@@ -18,6 +18,7 @@ from ..batching import Batcher
 from ..config import Settings
 from ..engines import Engine
 from ..metrics import Metrics
+from ..worker_stats import shared_stats
 from .version import ModelVersion
 
 log = logging.getLogger("irpe.server")
@@ -71,7 +72,7 @@ class InferenceSlots:
 
 
 def make_batcher(engine: Engine, settings: Settings, slots: InferenceSlots, metrics: Metrics, *,
-                 max_queue: int) -> Batcher:
+                 max_queue: int, stats_key: tuple[str, int] | None = None) -> Batcher:
     """The batcher of one version, not yet started.
 
     Args:
@@ -80,14 +81,19 @@ def make_batcher(engine: Engine, settings: Settings, slots: InferenceSlots, metr
         slots: the slots every engine call waits its turn for.
         metrics: where the batcher's series go.
         max_queue: the model's own queue bound (config.json; 0: ``--max-queue``).
+        stats_key: (model, version), for statistics summed over ``--workers N``'s processes
+            (:mod:`..worker_stats`); None, or outside ``--workers N``: this process's own.
 
     Returns:
         A :class:`~..batching.Batcher` over the engine's batch sizes.
     """
     solo = getattr(engine, "run_solo", None)
-    return Batcher(slots.wrap(engine.run), sizes=engine.info.batch_sizes, max_wait_ms=settings.max_wait_ms,
-                   max_queue=max_queue or settings.max_queue, metrics=metrics,
-                   workers=settings.resolved_inference_threads(), solo=solo and slots.wrap(solo))
+    batcher = Batcher(slots.wrap(engine.run), sizes=engine.info.batch_sizes, max_wait_ms=settings.max_wait_ms,
+                      max_queue=max_queue or settings.max_queue, metrics=metrics,
+                      workers=settings.resolved_inference_threads(), solo=solo and slots.wrap(solo))
+    if stats_key is not None and (shared := shared_stats(*stats_key, batcher.sizes)) is not None:
+        batcher.stats = shared
+    return batcher
 
 
 def log_engine(model_version: ModelVersion, settings: Settings) -> None:

@@ -352,7 +352,8 @@ class LocalHost(ModelHost):
         model_dir = self.dirs.get(name)
         model_version.info = model_version.engine.info
         model_version.batcher = make_batcher(model_version.engine, settings, self.slots, self.metrics,
-                                             max_queue=model_dir.config.max_queue if model_dir else 0)
+                                             max_queue=model_dir.config.max_queue if model_dir else 0,
+                                             stats_key=(name, version))
         log_engine(model_version, settings)
         return model_version
 

@@ -203,9 +203,9 @@ _READY_503 = {503: {"description": "not ready (body says ready: false)"}}
 
 
 @router.get("", responses=v2_error_responses(401))
-async def server_metadata(request: Request) -> dict[str, Any]:
+async def server_metadata() -> dict[str, Any]:
     """Server name, version and protocol extensions."""
-    return oip.server_metadata(service_of(request).settings)
+    return oip.server_metadata()
 
 
 @router.get("/health/live")

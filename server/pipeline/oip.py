@@ -18,7 +18,6 @@ import numpy as np
 import irpe
 from irpe.artifact import ModelArtifact
 
-from ..config import Settings
 from ..errors import APIError
 from ..hosting.version import ModelVersion, VersionState
 from ..tensors import all_finite
@@ -45,20 +44,9 @@ class ProtocolError(APIError):
         super().__init__(status, _CODES[status], message)
 
 
-def server_metadata(settings: Settings) -> dict[str, Any]:
-    """Server name, version and protocol extensions.
-
-    Args:
-        settings: the server's settings. Under ``--workers N`` (N > 1) each worker process keeps its own
-            statistics, and an address balanced over the workers answers ``/v2/models/{m}/stats`` from whichever
-            took the call, so "statistics" is not listed: perf_analyzer then reads no server statistics (it asks
-            only a server that lists it) instead of failing when two reads come from different workers.
-
-    Returns:
-        Triton's server metadata.
-    """
-    extensions = EXTENSIONS if settings.workers <= 1 else [e for e in EXTENSIONS if e != "statistics"]
-    return {"name": SERVER_NAME, "version": irpe.__version__, "extensions": list(extensions)}
+def server_metadata() -> dict[str, Any]:
+    """Server name, version and protocol extensions."""
+    return {"name": SERVER_NAME, "version": irpe.__version__, "extensions": list(EXTENSIONS)}
 
 
 def platform(model_version: ModelVersion) -> tuple[str, str]:

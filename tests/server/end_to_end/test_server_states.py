@@ -190,30 +190,33 @@ def _classify_once_warm(url: str, body: bytes, deadline: float) -> httpx.Respons
         time.sleep(0.1)
 
 
-def test_server_metadata_lists_statistics_only_for_one_process() -> None:
-    from irpe.server.config import Settings
-    from irpe.server.pipeline import oip
-
-    assert "statistics" in oip.server_metadata(Settings())["extensions"]
-    per_process = oip.server_metadata(Settings(workers=2))["extensions"]
-    assert "statistics" not in per_process and per_process == [e for e in oip.EXTENSIONS if e != "statistics"]
+def test_every_worker_answers_statistics_summed_over_the_workers(tiny_artifact: Path) -> None:
+    """``--workers 2``: each read of /v2/models/{m}/stats, on a new connection (either worker may take it), counts
+    every answered request, whichever worker answered it."""
+    with _two_workers(tiny_artifact) as (_, url, deadline):
+        for seed in range(8):  # a new connection each: both workers answer
+            assert _classify_once_warm(url, encode(image(seed=seed)), deadline).status_code == 200
+        assert "statistics" in httpx.get(f"{url}/v2", timeout=10).json()["extensions"]
+        for _ in range(8):
+            stats = httpx.get(f"{url}/v2/models/tiny-mean/stats", timeout=10).json()["model_stats"][0]
+            assert stats["inference_count"] == 8 and stats["inference_stats"]["success"]["count"] == 8, stats
 
 
 @pytest.mark.perf_analyzer  # IRPE_TEST_WITHOUT=perf_analyzer opts out (tests/conftest.py)
 @pytest.mark.skipif(not _perf_analyzer_runs(), reason="perf_analyzer (or its podman image) is not here")
-def test_perf_analyzer_measures_workers_from_the_client_side(tiny_artifact: Path) -> None:
-    """``--workers 2`` lists no statistics extension, so perf_analyzer reads none: statistics read from two
-    different workers made it fail ("failed to find the requested model version") in about half its runs."""
+def test_perf_analyzer_reads_the_statistics_of_both_workers(tiny_artifact: Path) -> None:
+    """perf_analyzer reads /stats before and after each window and keeps the version whose count grew; with
+    each worker answering its own counts, a start read from one worker and an end read from the other made it
+    fail ("failed to find the requested model version") in about half its runs."""
     from irpe.bench.perf_analyzer import Target, pa_args, perf_analyzer_command, run_pa
 
     with _two_workers(tiny_artifact) as (_, url, deadline):
         for seed in range(8):  # each worker warm: new connections spread over both
             assert _classify_once_warm(url, encode(image(seed=seed)), deadline).status_code == 200
-        assert "statistics" not in httpx.get(f"{url}/v2", timeout=10).json()["extensions"]
         target = Target("irpe", "http", url.removeprefix("http://"), "tiny-mean")
         for _ in range(3):
-            m = run_pa(perf_analyzer_command(), pa_args(target, 8, 300), timeout_s=120, tries=1, client_only=True)
-            assert m.rps > 0 and m.inferences == 0  # no "Server:" section: nothing read from the workers
+            m = run_pa(perf_analyzer_command(), pa_args(target, 8, 300), timeout_s=120, tries=1)
+            assert m.rps > 0 and m.inferences > 0 and m.executions > 0  # its "Server:" section, from the sums
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--max-batch", "--max-queue"])
