@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -21,12 +22,14 @@ log = logging.getLogger("irpe.server")
 
 class FrontEndServer(uvicorn.Server):
     """uvicorn.Server that also runs the gRPC server while it serves; ``announce``: print the bound addresses
-    once started (one process; the ``--frontends`` supervisor announces for its front ends). ``shm``: the client
-    shared memory registry the HTTP app holds, shared with the gRPC server."""
+    once started (one process; the ``--frontends`` and ``--workers`` supervisor announces for its processes).
+    ``shm``: the client shared memory registry the HTTP app holds, shared with the gRPC server. ``on_listening``:
+    called once both listeners are up (a ``--workers`` process tells the supervisor)."""
 
     def __init__(self, config: uvicorn.Config, service: Service, shm: SharedMemoryRegistry, announce: bool = True,
-                 reuse_port: bool = False):
+                 reuse_port: bool = False, on_listening: Callable[[], object] | None = None):
         super().__init__(config)
+        self.on_listening = on_listening
         self.service = service
         self.shm = shm
         self.announce = announce
@@ -63,6 +66,8 @@ class FrontEndServer(uvicorn.Server):
                 return
             if self.announce:
                 announce_grpc(self.service.settings.host, bound)
+        if self.on_listening is not None:
+            self.on_listening()
         with self._gate:
             self._bound, warmed = True, self._warmed
         if warmed and self.service.ready and self.announce:

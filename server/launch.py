@@ -3,7 +3,6 @@ workers, or ``--frontends N`` front-end processes over one engine process (:mod:
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from .frontend import FrontEndServer
 from .hosting.repository import check_layout, is_plain_artifact, scan
 from .http.protocol import uvicorn_config_kwargs
 from .memory import tune_gc
-from .runtime import announce, configure_logging, raise_open_file_limit
+from .runtime import configure_logging, raise_open_file_limit
 from .worker_stats import shared_directory
 
 
@@ -48,11 +47,12 @@ def serve(settings: Settings) -> None:
             raise SystemExit(code)
         return
     if settings.workers > 1:
-        if settings.grpc_port >= 0:
-            raise SystemExit("irpe serve: error: --grpc-port serves from one process or from --frontends N, "
-                             "not with --workers; use --frontends")
-        os.environ.update(settings.to_env())
-        _run_workers(settings)
+        from .ipc.supervisor import serve_workers  # N whole servers, each on its own socket of the port
+
+        with shared_directory():  # /v2 statistics summed over the workers
+            code = serve_workers(settings)
+        if code:
+            raise SystemExit(code)
         return
     _serve_one(settings)
 
@@ -135,22 +135,6 @@ def _check_load_model(settings: Settings, names: list[str]) -> None:
     if startup and settings.default_model and settings.default_model not in startup:
         raise SystemExit(f"irpe serve: error: --default-model {settings.default_model!r} is not loaded at startup "
                          f"(--load-model {','.join(startup)}); add --load-model {settings.default_model}")
-
-
-def _run_workers(settings: Settings) -> None:
-    """``uvicorn.run(..., workers=N)``, binding the socket here so the bound port can be announced."""
-    from uvicorn.supervisors import Multiprocess
-
-    config = uvicorn.Config("irpe.server.http.app:create_app_from_env", factory=True, workers=settings.workers,
-                            **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    try:
-        sock = config.bind_socket()
-    except SystemExit:  # uvicorn logged the bind error
-        _cannot_listen(settings)
-        raise
-    announce(sock.getsockname())
-    with shared_directory():  # /v2 statistics summed over the workers
-        Multiprocess(config, sockets=[sock]).run()
 
 
 def _cannot_listen(settings: Settings) -> None:

@@ -94,6 +94,7 @@ def _claim_row(directory: Path) -> int:
             os.pwrite(fd, str(taken + 1).encode().ljust(32), 0)
             _rows[str(directory)] = taken % MAX_ROWS
         finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
     return _rows[str(directory)]
 
@@ -115,8 +116,9 @@ class SharedStats(ModelStats):
                 os.ftruncate(fd, size)
             elif found != size:
                 raise ValueError(f"{path} holds {found} bytes, not {size}: another batch size list")
-            self._map = mmap.mmap(fd, size)
+            self._map = mmap.mmap(fd, size)  # its own copy of the descriptor: the lock is released below
         finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
         self._values = memoryview(self._map).cast("q")
         self._row = _claim_row(directory) * self.width

@@ -1,13 +1,18 @@
-"""``irpe serve --frontends N``: N HTTP front-end processes on one port feeding one engine process.
+"""``irpe serve --frontends N``: N HTTP front-end processes on one port feeding one engine process; and
+``irpe serve --workers N``: N whole servers on one port.
 
-The supervisor (this process) binds the listening socket once and hands it to every front end (they all
-accept on it; the kernel spreads connections), starts the engine process (:mod:`.engine_server`: the
-model, the one batcher, the one device context) and N front ends (uvicorn + decode + preprocess, handing
-images over through shared memory, :mod:`.link`). It then watches them:
+With ``--frontends``, the supervisor (this process) binds the listening socket once and hands it to every front
+end (they all accept on it), starts the engine process (:mod:`.engine_server`: the model, the one batcher, the
+one device context) and N front ends (uvicorn + decode + preprocess, handing images over through shared memory,
+:mod:`.link`). With ``--workers``, each worker (:func:`worker_main`: model, batcher, HTTP and gRPC) listens on
+its own socket of the port (``SO_REUSEPORT``), so the kernel spreads connections evenly over the workers: on
+one shared socket the first worker to wake accepts every connection queued (8 of 8 in each of 5 bursts here);
+the supervisor holds the port without listening and announces it once a worker listens. It then watches them:
 
 * a front end that dies is restarted (its in-flight requests are lost with it; the others keep serving);
 * the engine dying makes every front end's /readyz answer 503 at once; the supervisor then stops the
-  front ends and exits 1;
+  front ends and exits 1; a worker that exits before any worker listens (a model that cannot load) stops
+  the others, with its exit code;
 * SIGTERM/SIGINT: the front ends drain (``--drain-s``: /readyz 503, still serving), stop accepting and finish
   their requests (uvicorn's graceful shutdown), then the engine drains its queue; exit 0.
 
@@ -26,7 +31,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -79,6 +84,44 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
         raise SystemExit(f"irpe serve: front end {index}: {server.failure}")
 
 
+def worker_main(settings: Settings, index: int, listening: Connection) -> None:
+    """``--workers`` process entry point: a whole server (model, batcher, HTTP and, with ``--grpc-port``, gRPC)
+    on its own listening socket of ``settings.port`` (``SO_REUSEPORT``).
+
+    Args:
+        settings: the server's settings (the ports the supervisor holds).
+        index: this worker's number (its process name).
+        listening: where it says its number once it listens.
+
+    Raises:
+        SystemExit: the model could not be loaded, or the gRPC server could not start.
+    """
+    import uvicorn
+
+    from irpe.artifact import ArtifactError
+
+    from ..engines import EngineError
+    from ..frontend import FrontEndServer
+    from ..http.app import create_app
+    from ..memory import tune_gc
+
+    child_setup(f"irpe-worker{index}", settings)
+    app = create_app(settings)
+    try:
+        app.state.irpe.load()
+    except (ArtifactError, EngineError) as e:
+        raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
+    tune_gc()
+    sock = reserve_port(settings, settings.port, "--port")
+    sock.listen(2048)
+    config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    server = FrontEndServer(config, app.state.irpe, app.state.shm, announce=False, reuse_port=True,
+                            on_listening=lambda: listening.send(index))
+    server.run(sockets=[sock])
+    if server.failure:
+        raise SystemExit(f"irpe serve: worker {index}: {server.failure}")
+
+
 def default_frontends(settings: Settings) -> int:
     """Enough front ends to keep the engine busy (:meth:`Settings.resolved_frontends` with ``auto``).
 
@@ -108,34 +151,46 @@ def bind(settings: Settings) -> socket.socket:
     return sock
 
 
-def reserve_grpc_port(settings: Settings) -> socket.socket:
-    """A socket bound to --grpc-port (0: a free port) that never listens: it holds the port number while
-    every front end binds it too with SO_REUSEPORT and listens (gRPC cannot be handed a socket)."""
+def reserve_port(settings: Settings, port: int, flag: str) -> socket.socket:
+    """A socket bound to ``port`` (0: a free port) with SO_REUSEPORT. The supervisor's never listens: it holds
+    the port number while every front end or worker binds the port too and listens (gRPC cannot be handed a
+    socket; a worker listens on its own socket of the HTTP port).
+
+    Raises:
+        SystemExit: the port cannot be bound (exit 3, as the one-process server's failed bind).
+    """
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        sock.bind((settings.host.strip("[]"), settings.grpc_port))
+        sock.bind((settings.host.strip("[]"), port))
     except OSError as e:
         sock.close()
-        raise SystemExit(f"irpe serve: error: cannot bind --grpc-port {settings.grpc_port} on {settings.host}: "
-                         f"{e.strerror}; pick another port") from None
+        print(f"irpe serve: error: cannot bind {flag} {port} on {settings.host}: {e.strerror}; pick another "
+              f"{flag}, or stop the process that holds it", file=sys.stderr)
+        raise SystemExit(3) from None
     return sock
 
 
 class Supervisor:
     """Starts, watches and stops the engine and the front ends (see the module docstring)."""
 
-    def __init__(self, settings: Settings, frontends: int, workdir: Path):
+    def __init__(self, settings: Settings, frontends: int, workdir: Path | None):
+        """``workdir``: the engine process's directory (None: ``--workers``, no engine process)."""
         self.settings = settings
         self.n = frontends
         self.ctx = multiprocessing.get_context("spawn")
-        self.engine_path = str(workdir / "engine.sock")
-        self.sock = bind(settings)
-        self.grpc_sock = reserve_grpc_port(settings) if settings.grpc_port >= 0 else None
+        self.engine_path = str(workdir / "engine.sock") if workdir is not None else ""
+        self.sock = bind(settings) if workdir is not None else reserve_port(settings, settings.port, "--port")
+        if workdir is None:  # the workers bind the port picked here
+            self.settings = replace(self.settings, port=self.sock.getsockname()[1])
+        self.grpc_sock = reserve_port(settings, settings.grpc_port, "--grpc-port") if settings.grpc_port >= 0 \
+            else None
         if self.grpc_sock is not None:  # the front ends bind the port picked here
-            self.settings = replace(settings, grpc_port=self.grpc_sock.getsockname()[1])
+            self.settings = replace(self.settings, grpc_port=self.grpc_sock.getsockname()[1])
+        self.listening_r, self.listening_w = self.ctx.Pipe(duplex=False)
+        self.listened = False  # a worker has listened
         self.engine: BaseProcess | None = None
         self.fronts: list[BaseProcess | None] = [None] * frontends
         self.started: list[float] = [0.0] * frontends
@@ -150,8 +205,12 @@ class Supervisor:
         self.engine.start()
 
     def _start_frontend(self, i: int) -> None:
-        p = self.ctx.Process(target=frontend_main, args=(self.settings, self.sock, self.engine_path, i),
-                             name=f"irpe-frontend-{i}", daemon=False)
+        if self.engine_path:
+            p = self.ctx.Process(target=frontend_main, args=(self.settings, self.sock, self.engine_path, i),
+                                 name=f"irpe-frontend-{i}", daemon=False)
+        else:
+            p = self.ctx.Process(target=worker_main, args=(self.settings, i, self.listening_w),
+                                 name=f"irpe-worker-{i}", daemon=False)
         p.start()
         self.fronts[i] = p
         self.started[i] = time.monotonic()
@@ -164,6 +223,8 @@ class Supervisor:
         """Start everything, watch until SIGTERM/SIGINT or the engine dies; the exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
+        if not self.engine_path:
+            return self._end(self._run_workers())
         self._start_engine()
         if not self._engine_loaded():  # a model that cannot load: its one error line, nothing announced
             return self._end(0 if self.stopping else 1)
@@ -175,6 +236,25 @@ class Supervisor:
         log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
                  self.settings.host, self.settings.port, self.n, self.engine.pid if self.engine else "?")
         return self._end(self._watch())
+
+    def _run_workers(self) -> int:
+        """``--workers``: start them, announce the ports once one listens, watch; the exit code."""
+        for i in range(self.n):
+            self._start_frontend(i)
+        while not self.listened and not self.stopping:
+            wait([self.listening_r, self.wake_r, *(p.sentinel for p in self.fronts if p is not None)], timeout=1.0)
+            if self.listening_r.poll():
+                self.listening_r.recv()
+                self.listened = True
+            elif (dead := next((p for p in self.fronts if p is not None and not p.is_alive()), None)) is not None:
+                return dead.exitcode if dead.exitcode and dead.exitcode > 0 else 1  # it said why
+        if self.stopping:
+            return 0
+        announce(self.sock.getsockname())
+        if self.grpc_sock is not None:
+            announce_grpc(self.settings.host, self.settings.grpc_port)
+        log.info("serving on http://%s:%d with %d worker processes", self.settings.host, self.settings.port, self.n)
+        return self._watch()
 
     def _end(self, code: int) -> int:
         """Close the sockets, stop what runs; the exit code (the engine's own, 3, when it could not load)."""
@@ -196,13 +276,14 @@ class Supervisor:
         return not self.stopping and self.engine.is_alive()
 
     def _watch(self) -> int:
-        assert self.engine is not None
         while not self.stopping:
-            sentinels = [self.engine.sentinel] + [p.sentinel for p in self.fronts if p is not None]
+            sentinels = [p.sentinel for p in (self.engine, *self.fronts) if p is not None]
             wait([*sentinels, self.wake_r], timeout=1.0)
             if self.stopping:
                 return 0
-            if not self.engine.is_alive():
+            while self.listening_r.poll():  # restarted workers
+                self.listening_r.recv()
+            if self.engine is not None and not self.engine.is_alive():
                 log.error("the engine process exited with code %s; stopping the front ends and exiting",
                           self.engine.exitcode)
                 time.sleep(0.5)  # the front ends' /readyz already answers 503
@@ -214,10 +295,11 @@ class Supervisor:
         return 0
 
     def _restart(self, i: int, p: BaseProcess) -> None:
-        log.error("front end %d (pid %s) exited with code %s; restarting it", i, p.pid, p.exitcode)
-        from prometheus_client import multiprocess
+        what = "front end" if self.engine_path else "worker"
+        log.error("%s %d (pid %s) exited with code %s; restarting it", what, i, p.pid, p.exitcode)
+        if p.pid is not None and self.engine_path:
+            from prometheus_client import multiprocess
 
-        if p.pid is not None:
             multiprocess.mark_process_dead(p.pid)
         if time.monotonic() - self.started[i] < RESTART_BACKOFF_S:
             time.sleep(RESTART_BACKOFF_S)  # a crash loop does not spin the supervisor
@@ -268,3 +350,15 @@ def serve_frontends(settings: Settings, frontends: int) -> int:
         return Supervisor(settings, n, workdir).run()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def serve_workers(settings: Settings) -> int:
+    """``--workers N``: run N whole servers on the port until SIGTERM/SIGINT.
+
+    Args:
+        settings: the server's settings (``workers`` > 1).
+
+    Returns:
+        The exit code (a worker's own when the model could not be loaded).
+    """
+    return Supervisor(settings, settings.workers, None).run()

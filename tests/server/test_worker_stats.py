@@ -63,15 +63,16 @@ def test_one_process_answers_as_model_stats_does(tmp_path: Path) -> None:
 
 
 def test_the_rows_of_two_processes_are_summed(tmp_path: Path) -> None:
+    reader = SharedStats(tmp_path, "m/1", SIZES)  # mapped first and kept: the others open the file meanwhile
     for size in (4, 2):  # two worker processes, each its own row
-        subprocess.run([sys.executable, "-c", _WORKER, str(tmp_path), str(size)], cwd=REPO, check=True, timeout=60)
-    stats = SharedStats(tmp_path, "m/1", SIZES).to_triton("m", "1", reasons=True)  # a third process's view
+        subprocess.run([sys.executable, "-c", _WORKER, str(tmp_path), str(size)], cwd=REPO, check=True, timeout=30)
+    stats = reader.to_triton("m", "1", reasons=True)  # a third process's view
     infer = stats["inference_stats"]
     assert (stats["inference_count"], stats["execution_count"]) == (6, 2)
     assert infer["success"]["count"] == 3 and infer["queue"]["count"] == 3 and infer["fail"]["count"] == 2
     assert infer["success"]["ns"] == 3 * 20_000_000 and stats["fail_reasons"]["REJECTED"] == 2
     assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [(2, 1), (4, 1)]
-    assert (tmp_path / "rows").read_text().strip() == "3"
+    assert (tmp_path / "rows").read_text().strip() == "3" and stats["fail_reasons"]["CANCELED"] == 0
 
 
 def test_a_version_gets_its_own_file(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """``irpe serve --grpc-port``: inference.GRPCInferenceService proven by NVIDIA's and KServe's own gRPC clients
 (tritonclient.grpc sync, aio and streaming; kserve's InferenceGRPCClient) against real ``irpe serve`` processes on
-127.0.0.1, in one process and with ``--frontends 2``. The clients run in child processes
+127.0.0.1, in one process, with ``--frontends 2`` and with ``--workers 2``. The clients run in child processes
 (:mod:`tests.server.grpc_client`): tritonclient.grpc and kserve cannot share one."""
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ def run_client(mode: str, address: str, key: str = KEY) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "frontends-2"])
+@pytest.fixture(scope="module", params=[("--frontends", "0"), ("--frontends", "2"), ("--workers", "2")],
+                ids=["one-process", "frontends-2", "workers-2"])
 def server(request: pytest.FixtureRequest, tiny_artifact: Path) -> Iterator[ServerProcess]:
-    flags = ("--grpc-port", "0", "--frontends", request.param, "--max-wait-ms", "2", "--max-body-mb", "0.25",
+    flags = ("--grpc-port", "0", *request.param, "--max-wait-ms", "2", "--max-body-mb", "0.25",
              "--max-queue", str(MAX_QUEUE))
     proc = start_server(tiny_artifact, *flags, env=server_env(IRPE_API_KEY=KEY))
     try:
@@ -142,13 +143,17 @@ def test_kserve_grpc_client(server: ServerProcess) -> None:
     assert got["unknown"].startswith("NOT_FOUND") and "nope" in got["unknown"]
 
 
-def test_every_front_end_listens_on_the_grpc_port(server: ServerProcess) -> None:
-    port = int(grpc_address(server).rsplit(":", 1)[1])
+def listeners(port: int) -> int:
+    """How many sockets listen on ``port`` (IPv4 and IPv6 tables: gRPC binds v4-mapped v6)."""
     rows = [line.split() for table in ("tcp", "tcp6")
             for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
-    listening = [r for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "0A"]  # gRPC binds v4-mapped v6
-    frontends = 2 if "--frontends 2" in " ".join(server.proc.args) else 1
-    assert len(listening) == frontends, listening
+    return len([r for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "0A"])
+
+
+def test_every_process_listens_on_the_grpc_port(server: ServerProcess) -> None:
+    args = " ".join(server.proc.args)
+    processes = 2 if "--frontends 2" in args or "--workers 2" in args else 1
+    assert listeners(int(grpc_address(server).rsplit(":", 1)[1])) == processes
 
 
 def test_queue_full_is_unavailable_and_the_deadline_is_deadline_exceeded(tmp_path: Path) -> None:
@@ -176,14 +181,11 @@ def test_grpc_port_settings_and_a_taken_port(tiny_artifact: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        for extra in ((), ("--frontends", "2")):
+        for extra in ((), ("--frontends", "2"), ("--workers", "2")):
             out = subprocess.run([sys.executable, "-m", "irpe", "serve", str(tiny_artifact), "--port", "0",
                                   "--grpc-port", str(port), *extra], cwd=REPO, env=server_env(), capture_output=True,
                                  text=True, timeout=120)
             assert out.returncode != 0 and "--grpc-port" in out.stderr, out.stderr[-2000:]
-    out = subprocess.run([sys.executable, "-m", "irpe", "serve", str(tiny_artifact), "--port", "0", "--grpc-port", "0",
-                          "--workers", "2"], cwd=REPO, env=server_env(), capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and "not with --workers" in out.stderr
 
 
 def test_system_shared_memory_in_and_out(tiny_artifact: Path) -> None:
