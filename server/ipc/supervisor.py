@@ -1,22 +1,24 @@
 """``irpe serve --frontends N``: N HTTP front-end processes on one port feeding one engine process; and
 ``irpe serve --workers N``: N whole servers on one port.
 
-With ``--frontends``, the supervisor (this process) binds the listening socket once and hands it to every front
-end (they all accept on it), starts the engine process (:mod:`.engine_server`: the model, the one batcher, the
-one device context) and N front ends (uvicorn + decode + preprocess, handing images over through shared memory,
-:mod:`.link`). With ``--workers``, each worker (:func:`worker_main`: model, batcher, HTTP and gRPC) listens on
-its own socket of the port (``SO_REUSEPORT``), so the kernel spreads connections evenly over the workers: on
-one shared socket the first worker to wake accepts every connection queued (8 of 8 in each of 5 bursts here);
-the supervisor holds the port without listening and announces it once a worker listens. It then watches them:
+The supervisor (this process) holds the ports (bound with ``SO_REUSEPORT``, never listening) and starts the
+processes: with ``--frontends``, the engine process (:mod:`.engine_server`: the model, the one batcher, the one
+device context) and N front ends (uvicorn + decode + preprocess, handing images over through shared memory,
+:mod:`.link`); with ``--workers``, N workers (:func:`worker_main`: model, batcher, HTTP and gRPC). Each front end
+or worker listens on its own socket of the ports, so the kernel spreads new connections over them by their
+addresses; on one shared listening socket the first process to wake accepted every connection queued (8 of 8 in
+each of 5 bursts of 8 here). The supervisor announces the ports once one process listens, then watches them:
 
-* a front end that dies is restarted (its in-flight requests are lost with it; the others keep serving);
+* a front end or worker that dies is restarted (its in-flight requests are lost with it; the others keep
+  serving);
 * the engine dying makes every front end's /readyz answer 503 at once; the supervisor then stops the
-  front ends and exits 1; a worker that exits before any worker listens (a model that cannot load) stops
-  the others, with its exit code;
-* SIGTERM/SIGINT: the front ends drain (``--drain-s``: /readyz 503, still serving), stop accepting and finish
-  their requests (uvicorn's graceful shutdown), then the engine drains its queue; exit 0.
+  front ends and exits 1; a front end or worker that exits before any listens (a model that cannot load)
+  stops the others, with its exit code;
+* SIGTERM/SIGINT: the front ends or workers drain (``--drain-s``: /readyz 503, still serving), stop accepting
+  and finish their requests (uvicorn's graceful shutdown), then the engine drains its queue; exit 0.
 
-``/metrics`` on any front end adds up every process (prometheus_client multiprocess mode).
+``/metrics`` on any front end adds up every process (prometheus_client multiprocess mode); a worker's is its own
+but for the ``nv_inference_*`` counters (:mod:`..worker_stats`).
 """
 
 from __future__ import annotations
@@ -44,14 +46,15 @@ RESTART_BACKOFF_S = 1.0
 SLOTS = 64  # images a front end can have handed to the engine at once (more: 503 queue_full); 38 MB at 224 px
 
 
-def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, index: int) -> None:
-    """Front-end process entry point: uvicorn on the shared socket (and gRPC on the shared --grpc-port).
+def frontend_main(settings: Settings, engine_path: str, index: int, listening: Connection) -> None:
+    """Front-end process entry point: uvicorn on its own socket of ``settings.port`` (and gRPC on
+    ``settings.grpc_port``), each with SO_REUSEPORT.
 
     Args:
-        settings: the server's settings.
-        sock: the bound HTTP socket every front end accepts on.
+        settings: the server's settings (the ports the supervisor holds).
         engine_path: the engine process's Unix socket.
         index: this front end's number (its process name).
+        listening: where it says its number once it listens.
 
     Raises:
         SystemExit: the gRPC server could not start.
@@ -78,8 +81,9 @@ def frontend_main(settings: Settings, sock: socket.socket, engine_path: str, ind
     service.load()
     tune_gc()
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    server = FrontEndServer(config, service, app.state.shm, announce=False, reuse_port=True)
-    server.run(sockets=[sock])
+    server = FrontEndServer(config, service, app.state.shm, announce=False, reuse_port=True,
+                            on_listening=lambda: listening.send(index))
+    server.run(sockets=[listen_on(settings)])
     if server.failure:
         raise SystemExit(f"irpe serve: front end {index}: {server.failure}")
 
@@ -112,12 +116,10 @@ def worker_main(settings: Settings, index: int, listening: Connection) -> None:
     except (ArtifactError, EngineError) as e:
         raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
     tune_gc()
-    sock = reserve_port(settings, settings.port, "--port")
-    sock.listen(2048)
     config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
     server = FrontEndServer(config, app.state.irpe, app.state.shm, announce=False, reuse_port=True,
                             on_listening=lambda: listening.send(index))
-    server.run(sockets=[sock])
+    server.run(sockets=[listen_on(settings)])
     if server.failure:
         raise SystemExit(f"irpe serve: worker {index}: {server.failure}")
 
@@ -134,20 +136,11 @@ def default_frontends(settings: Settings) -> int:
     return max(1, replace(settings, frontends=-1).resolved_frontends())
 
 
-def bind(settings: Settings) -> socket.socket:
-    """The listening socket every front end accepts on."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((settings.host.strip("[]"), settings.port))
-    except OSError as e:  # exit 3, as the one-process server's failed bind
-        sock.close()
-        print(f"irpe serve: error: cannot bind --port {settings.port} on {settings.host}: {e.strerror}; pick "
-              "another --port, or stop the process that holds it", file=sys.stderr)
-        raise SystemExit(3) from None
+def listen_on(settings: Settings) -> socket.socket:
+    """This process's listening socket of ``settings.port`` (SO_REUSEPORT, beside the supervisor's and the other
+    processes'): the kernel spreads new connections over the listening sockets of a port by their addresses."""
+    sock = reserve_port(settings, settings.port, "--port")
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 
@@ -182,15 +175,13 @@ class Supervisor:
         self.n = frontends
         self.ctx = multiprocessing.get_context("spawn")
         self.engine_path = str(workdir / "engine.sock") if workdir is not None else ""
-        self.sock = bind(settings) if workdir is not None else reserve_port(settings, settings.port, "--port")
-        if workdir is None:  # the workers bind the port picked here
-            self.settings = replace(self.settings, port=self.sock.getsockname()[1])
+        self.sock = reserve_port(settings, settings.port, "--port")  # the processes bind the port picked here
+        self.settings = replace(self.settings, port=self.sock.getsockname()[1])
         self.grpc_sock = reserve_port(settings, settings.grpc_port, "--grpc-port") if settings.grpc_port >= 0 \
             else None
         if self.grpc_sock is not None:  # the front ends bind the port picked here
             self.settings = replace(self.settings, grpc_port=self.grpc_sock.getsockname()[1])
         self.listening_r, self.listening_w = self.ctx.Pipe(duplex=False)
-        self.listened = False  # a worker has listened
         self.engine: BaseProcess | None = None
         self.fronts: list[BaseProcess | None] = [None] * frontends
         self.started: list[float] = [0.0] * frontends
@@ -206,7 +197,7 @@ class Supervisor:
 
     def _start_frontend(self, i: int) -> None:
         if self.engine_path:
-            p = self.ctx.Process(target=frontend_main, args=(self.settings, self.sock, self.engine_path, i),
+            p = self.ctx.Process(target=frontend_main, args=(self.settings, self.engine_path, i, self.listening_w),
                                  name=f"irpe-frontend-{i}", daemon=False)
         else:
             p = self.ctx.Process(target=worker_main, args=(self.settings, i, self.listening_w),
@@ -223,44 +214,43 @@ class Supervisor:
         """Start everything, watch until SIGTERM/SIGINT or the engine dies; the exit code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
-        if not self.engine_path:
-            return self._end(self._run_workers())
-        self._start_engine()
-        if not self._engine_loaded():  # a model that cannot load: its one error line, nothing announced
-            return self._end(0 if self.stopping else 1)
+        if self.engine_path:
+            self._start_engine()
+            if not self._engine_loaded():  # a model that cannot load: its one error line, nothing announced
+                return self._end(0 if self.stopping else 1)
+        for i in range(self.n):
+            self._start_frontend(i)
+        if (code := self._await_listening()) is not None:
+            return self._end(code)
         announce(self.sock.getsockname())  # --port 0: the port the kernel picked
         if self.grpc_sock is not None:
             announce_grpc(self.settings.host, self.settings.grpc_port)
-        for i in range(self.n):
-            self._start_frontend(i)
-        log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
-                 self.settings.host, self.settings.port, self.n, self.engine.pid if self.engine else "?")
+        if self.engine is not None:
+            log.info("serving on http://%s:%d with %d front-end process(es) and one engine process (pid %s)",
+                     self.settings.host, self.settings.port, self.n, self.engine.pid)
+        else:
+            log.info("serving on http://%s:%d with %d worker processes", self.settings.host, self.settings.port,
+                     self.n)
         return self._end(self._watch())
 
-    def _run_workers(self) -> int:
-        """``--workers``: start them, announce the ports once one listens, watch; the exit code."""
-        for i in range(self.n):
-            self._start_frontend(i)
-        while not self.listened and not self.stopping:
-            wait([self.listening_r, self.wake_r, *(p.sentinel for p in self.fronts if p is not None)], timeout=1.0)
+    def _await_listening(self) -> int | None:
+        """Wait until a front end or worker listens: None, or the exit code when stopped first (0) or when one
+        of the processes exited first (its own: it said why; the engine's, as in :meth:`_watch`)."""
+        while not self.stopping:
+            processes = [p for p in (self.engine, *self.fronts) if p is not None]
+            wait([self.listening_r, self.wake_r, *(p.sentinel for p in processes)], timeout=1.0)
             if self.listening_r.poll():
                 self.listening_r.recv()
-                self.listened = True
-            elif (dead := next((p for p in self.fronts if p is not None and not p.is_alive()), None)) is not None:
-                return dead.exitcode if dead.exitcode and dead.exitcode > 0 else 1  # it said why
-        if self.stopping:
-            return 0
-        announce(self.sock.getsockname())
-        if self.grpc_sock is not None:
-            announce_grpc(self.settings.host, self.settings.grpc_port)
-        log.info("serving on http://%s:%d with %d worker processes", self.settings.host, self.settings.port, self.n)
-        return self._watch()
+                return None
+            if (dead := next((p for p in processes if not p.is_alive()), None)) is not None:
+                return dead.exitcode if dead.exitcode and dead.exitcode > 0 else 1
+        return 0
 
     def _end(self, code: int) -> int:
         """Close the sockets, stop what runs; the exit code (the engine's own, 3, when it could not load)."""
         if self.grpc_sock is not None:
             self.grpc_sock.close()
-        self.sock.close()  # the front ends close theirs as they stop: new connections are refused, not queued
+        self.sock.close()  # the port's reservation; the processes close theirs as they stop
         self._stop_frontends()
         self._stop_engine()
         exitcode = self.engine.exitcode if self.engine is not None else None

@@ -270,3 +270,45 @@ async def protocol_over_socketpair(app: object, settings: object | None = None) 
     proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
     transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
     return proto, transport, theirs
+
+
+def listeners(port: int) -> int:
+    """How many sockets listen on ``port`` (IPv4 and IPv6 tables: gRPC binds v4-mapped v6)."""
+    rows = [line.split() for table in ("tcp", "tcp6")
+            for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
+    return len([r for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "0A"])
+
+
+def connections_spread(pids: list[int], port: int, count: int) -> dict[int, int]:
+    """Open ``count`` connections to 127.0.0.1:``port`` at once; how many each of ``pids`` accepted (their socket
+    inodes in /proc), once all ``count`` are accepted or 5 s have passed. The connections are closed after."""
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(count)]
+    try:
+        held: dict[int, int] = {}
+        for _ in range(50):
+            held = _connections_by_pid(pids, port)
+            if sum(held.values()) == count:
+                break
+            time.sleep(0.1)
+        return held
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _connections_by_pid(pids: list[int], port: int) -> dict[int, int]:
+    """Established TCP connections on local ``port`` held by each of ``pids``."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            row = line.split()
+            if row[1].endswith(f":{port:04X}") and row[3] == "01":
+                inodes.add(f"socket:[{row[9]}]")
+    return {pid: sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if _link(fd) in inodes) for pid in pids}
+
+
+def _link(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except OSError:
+        return ""

@@ -18,7 +18,8 @@ DRAIN_S = 5.0  # the checks below take under 1 s on a quiet machine; the rest is
 
 
 def _samples(url: str, name: str) -> list[float]:
-    """Every sample of a metric family (--frontends: one series per process for irpe_ready)."""
+    """Every sample of a metric family (--frontends: one series per process for irpe_ready; --workers: the
+    answering worker's)."""
     text = httpx.get(url + "/metrics", timeout=5).text
     return [float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + " ", name + "{"))]
 
@@ -27,12 +28,14 @@ def _says_draining(answer: httpx.Response) -> None:
     assert answer.json().get("detail") == "draining", answer.text
 
 
-@pytest.mark.parametrize("frontends", ["0", "2"])
-def test_sigterm_turns_readiness_503_first_and_keeps_serving_for_drain_s(tiny_artifact: Path, frontends: str):
+@pytest.mark.parametrize("layout", [("--frontends", "0"), ("--frontends", "2"), ("--workers", "2")],
+                         ids=["one-process", "frontends-2", "workers-2"])
+def test_sigterm_turns_readiness_503_first_and_keeps_serving_for_drain_s(tiny_artifact: Path,
+                                                                          layout: tuple[str, str]):
     """During the drain: /readyz 503 "draining", /v2/health/ready 503, irpe_ready 0, and a new connection's
     /classify still 200; /healthz stays 200. Then the process exits 0 (one process: uvicorn re-raises the
     signal) no sooner than --drain-s after the signal."""
-    server = start_server(tiny_artifact, "--drain-s", str(DRAIN_S), "--frontends", frontends)
+    server = start_server(tiny_artifact, "--drain-s", str(DRAIN_S), *layout)
     try:
         wait_every_front_end_ready(server.url)
         signalled = time.monotonic()

@@ -19,9 +19,11 @@ from irpe.bench.frontend import tree_pids
 from tests.server.helpers import (
     CROP,
     announced_url,
+    connections_spread,
     encode,
     expected_logits,
     image,
+    listeners,
     make_slow_artifact,
     running_server,
     wait_ready,
@@ -97,6 +99,17 @@ def test_same_answers_as_one_process(tiny_artifact: Path, frontends: tuple[str, 
                                                         ("file", ("b.png", blobs[1], "image/png"))], timeout=30)
     assert [p[0]["index"] for p in many.json()["predictions"]] == \
         [one[0].json()["predictions"][0][0]["index"], one[1].json()["predictions"][0][0]["index"]]
+
+
+def test_connections_spread_over_the_front_ends(frontends: tuple[str, subprocess.Popen]) -> None:
+    """Each front end listens on its own socket of the port (SO_REUSEPORT): connections opened at once spread
+    over them; on one shared socket the first front end to wake accepted all of them."""
+    url, proc = frontends
+    fronts = [pid for name, pid in _children(proc).items() if name.startswith("irpe-frontend")]
+    port = int(url.rsplit(":", 1)[1])
+    assert len(fronts) == 2 and listeners(port) == 2  # the front ends' sockets; the supervisor's does not listen
+    held = connections_spread(fronts, port, 16)
+    assert sum(held.values()) == 16 and min(held.values()) >= 1, held
 
 
 def test_v2_infer_through_the_engine_process(frontends: tuple[str, subprocess.Popen]) -> None:

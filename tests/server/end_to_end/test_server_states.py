@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,9 +21,11 @@ from tests.server.helpers import (
     CROP,
     PIXEL_WEIGHT,
     announced_url,
+    connections_spread,
     encode,
     handmade_artifact,
     image,
+    listeners,
     running_server,
     serving_app,
     wait_ready,
@@ -192,46 +192,15 @@ def _classify_once_warm(url: str, body: bytes, deadline: float) -> httpx.Respons
         time.sleep(0.1)
 
 
-def _connections_by_pid(pids: list[int], port: int) -> dict[int, int]:
-    """Established TCP connections on local ``port`` held by each of ``pids`` (their socket inodes in /proc)."""
-    inodes = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            row = line.split()
-            if row[1].endswith(f":{port:04X}") and row[3] == "01":
-                inodes.add(f"socket:[{row[9]}]")
-    held = {}
-    for pid in pids:
-        fds = Path(f"/proc/{pid}/fd")
-        held[pid] = sum(1 for fd in fds.iterdir() if _link(fd) in inodes)
-    return held
-
-
-def _link(path: Path) -> str:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return ""
-
-
 def test_connections_spread_over_the_workers(tiny_artifact: Path) -> None:
     """Each worker listens on its own socket of the port (SO_REUSEPORT), so connections opened at once spread over
     them; on one shared socket the first worker to wake accepted all of them."""
     with _two_workers(tiny_artifact) as (proc, url, _):
         port = int(url.rsplit(":", 1)[1])
         workers = _model_holders(proc.pid)
-        clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(16)]
-        try:
-            held: dict[int, int] = {}
-            for _ in range(50):  # until both workers have accepted every connection queued for them
-                held = _connections_by_pid(workers, port)
-                if sum(held.values()) == 16:
-                    break
-                time.sleep(0.1)
-            assert sum(held.values()) == 16 and min(held.values()) >= 1, held
-        finally:
-            for c in clients:
-                c.close()
+        assert listeners(port) == 2  # the workers' sockets; the supervisor's does not listen
+        held = connections_spread(workers, port, 16)
+        assert sum(held.values()) == 16 and min(held.values()) >= 1, held
 
 
 def test_every_worker_answers_statistics_summed_over_the_workers(tiny_artifact: Path) -> None:
