@@ -1,5 +1,5 @@
-"""``irpe serve``: check the settings and the repository, then run one process, ``--workers N`` uvicorn
-workers, or ``--frontends N`` front-end processes over one engine process (:mod:`.ipc.supervisor`)."""
+"""``irpe serve``: check the settings and the repository, then run one process, ``--workers N`` whole
+servers, or ``--frontends N`` front-end processes over one engine process (:mod:`.ipc.supervisor`)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, help="images per inference call (default: 4 on cpu, 32 on cuda)")
     p.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill (default 5)")
     p.add_argument("--max-queue", type=int, help="queued images before 503 (default 256)")
-    p.add_argument("--workers", type=int, help="uvicorn worker processes, one model each (default 1)")
+    p.add_argument("--workers", type=int, help="server processes on the one port, one model each (default 1)")
     p.add_argument("--decode-threads", type=int,
                    help="image decoding threads (default: half the cores on cpu, all on cuda; with the default, "
                         "baseline JPEGs up to 1 Mpx decode on the event loop, the rest in the threads; "

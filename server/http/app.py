@@ -126,7 +126,7 @@ def _declare_real_errors(app: FastAPI) -> None:
 
 
 def create_app_from_env() -> FastAPI:
-    """Factory for uvicorn worker processes (settings travel as ``IRPE_*`` variables)."""
+    """Factory for ``uvicorn --factory`` (settings from ``IRPE_*`` variables)."""
     settings = Settings.from_env()
     configure_logging(settings)
     return create_app(settings)

@@ -169,7 +169,7 @@ def _two_workers(artifact: Path) -> Iterator[tuple[subprocess.Popen, str, float]
 
 
 def test_workers_serve_from_separate_processes(tiny_artifact: Path) -> None:
-    """``--workers 2``: two uvicorn worker processes, each with its own model, answer correctly."""
+    """``--workers 2``: two worker processes, each with its own model, answer correctly."""
     from tests.server.http.test_app import _check, _expected
 
     with _two_workers(tiny_artifact) as (proc, url, deadline):
