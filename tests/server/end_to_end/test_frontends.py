@@ -107,6 +107,9 @@ def test_connections_spread_over_the_front_ends(frontends: tuple[str, subprocess
     url, proc = frontends
     fronts = [pid for name, pid in _children(proc).items() if name.startswith("irpe-frontend")]
     port = int(url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 30  # the supervisor announces once the first front end listens
+    while listeners(port) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(fronts) == 2 and listeners(port) == 2  # the front ends' sockets; the supervisor's does not listen
     held = connections_spread(fronts, port, 16)
     assert sum(held.values()) == 16 and min(held.values()) >= 1, held

@@ -152,7 +152,7 @@ def _model_holders(pid: int) -> list[int]:
 @contextlib.contextmanager
 def _two_workers(artifact: Path) -> Iterator[tuple[subprocess.Popen, str, float]]:
     """``irpe serve --workers 2`` on ``artifact``: (the supervisor, its URL, a deadline 60 s on) once it is ready
-    and each worker has loaded the model (or the deadline passed); stopped on exit."""
+    and each worker has loaded the model and listens (or the deadline passed); stopped on exit."""
     proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(artifact), "--port", "0",
                              "--workers", "2", "--log-level", "warning"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -160,7 +160,8 @@ def _two_workers(artifact: Path) -> Iterator[tuple[subprocess.Popen, str, float]
         url = announced_url(proc)
         wait_ready(url, timeout=60)
         deadline = time.monotonic() + 60
-        while len(_model_holders(proc.pid)) < 2 and time.monotonic() < deadline:
+        port = int(url.rsplit(":", 1)[1])  # the supervisor announces once the first worker listens
+        while (len(_model_holders(proc.pid)) < 2 or listeners(port) < 2) and time.monotonic() < deadline:
             time.sleep(0.05)
         yield proc, url, deadline
     finally:
