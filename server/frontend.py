@@ -13,6 +13,7 @@ from typing import Any
 
 import uvicorn
 
+from .config import Settings
 from .pipeline.service import Service
 from .pipeline.sysshm import SharedMemoryRegistry
 from .runtime import announce, announce_grpc
@@ -95,3 +96,34 @@ class FrontEndServer(uvicorn.Server):
         deadline = loop.time() + seconds
         while not self.force_exit and (left := deadline - loop.time()) > 0:
             await asyncio.sleep(min(0.1, left))
+
+
+def loaded_server(settings: Settings, **options: Any) -> FrontEndServer:
+    """A whole server of one process (one process, or a ``--workers`` process): the app with its model loaded
+    before uvicorn starts, so a bad model is one line naming the fix.
+
+    Args:
+        settings: the server's settings.
+        **options: :class:`FrontEndServer`'s keyword options.
+
+    Returns:
+        The server, not yet running.
+
+    Raises:
+        SystemExit: the model could not be loaded.
+    """
+    from irpe.artifact import ArtifactError
+
+    from .engines import EngineError
+    from .http.app import create_app
+    from .http.protocol import uvicorn_config_kwargs
+    from .memory import tune_gc
+
+    app = create_app(settings)
+    try:
+        app.state.irpe.load()
+    except (ArtifactError, EngineError) as e:
+        raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
+    tune_gc()
+    config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
+    return FrontEndServer(config, app.state.irpe, app.state.shm, **options)

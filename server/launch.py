@@ -6,17 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import uvicorn
-
-from irpe.artifact import ArtifactError, load_artifact
+from irpe.artifact import load_artifact
 from irpe.artifact.builtin import resolve_artifact_dir
 
 from .config import Settings
-from .engines import EngineError
-from .frontend import FrontEndServer
+from .frontend import loaded_server
 from .hosting.repository import check_layout, is_plain_artifact, scan
-from .http.protocol import uvicorn_config_kwargs
-from .memory import tune_gc
 from .runtime import configure_logging, raise_open_file_limit
 from .worker_stats import shared_directory
 
@@ -77,16 +72,7 @@ def check_artifact_dir(settings: Settings) -> None:
 
 def _serve_one(settings: Settings) -> None:
     """One process: the model loaded before uvicorn, so a bad model is one line naming the fix."""
-    from .http.app import create_app
-
-    app = create_app(settings)
-    try:
-        app.state.irpe.load()
-    except (ArtifactError, EngineError) as e:
-        raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
-    tune_gc()
-    config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    server = FrontEndServer(config, app.state.irpe, app.state.shm)
+    server = loaded_server(settings)
     try:
         server.run()
     except SystemExit:  # uvicorn's exit 3: its lifespan or its bind failed, and it logged why

@@ -100,25 +100,10 @@ def worker_main(settings: Settings, index: int, listening: Connection) -> None:
     Raises:
         SystemExit: the model could not be loaded, or the gRPC server could not start.
     """
-    import uvicorn
-
-    from irpe.artifact import ArtifactError
-
-    from ..engines import EngineError
-    from ..frontend import FrontEndServer
-    from ..http.app import create_app
-    from ..memory import tune_gc
+    from ..frontend import loaded_server
 
     child_setup(f"irpe-worker{index}", settings)
-    app = create_app(settings)
-    try:
-        app.state.irpe.load()
-    except (ArtifactError, EngineError) as e:
-        raise SystemExit(f"irpe serve: error: cannot load the model: {e}") from None
-    tune_gc()
-    config = uvicorn.Config(app, **uvicorn_config_kwargs(settings))  # type: ignore[arg-type]
-    server = FrontEndServer(config, app.state.irpe, app.state.shm, announce=False, reuse_port=True,
-                            on_listening=lambda: listening.send(index))
+    server = loaded_server(settings, announce=False, reuse_port=True, on_listening=lambda: listening.send(index))
     server.run(sockets=[listen_on(settings)])
     if server.failure:
         raise SystemExit(f"irpe serve: worker {index}: {server.failure}")
