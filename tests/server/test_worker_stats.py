@@ -111,3 +111,17 @@ def test_without_a_writable_temporary_directory_workers_count_alone(
     with caplog.at_level(logging.WARNING, logger="irpe.server"), shared_directory() as path:
         assert path is None and DIRECTORY_ENV not in os.environ
     assert "set TMPDIR" in caplog.text
+
+
+def test_a_link_planted_in_place_of_a_version_file_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")  # empty: a followed link would be grown to the rows' size
+    SharedStats(tmp_path, "m/1", SIZES)
+    planted = next(tmp_path.glob("*.stats"))
+    planted.unlink()
+    planted.symlink_to(target)  # what another process of the user could plant before a worker opens the file
+    monkeypatch.setenv(DIRECTORY_ENV, str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="irpe.server"):
+        assert shared_stats("m", 1, SIZES) is None
+    assert target.stat().st_size == 0 and "count this worker only" in caplog.text
