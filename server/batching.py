@@ -3,7 +3,9 @@
 Requests (on the event loop) append images to a bounded queue and await futures. A free inference thread
 never holds a lone request while the engine is idle: when no other thread is running a batch it takes
 what is queued at once. Only while another batch is in flight does it wait, until ``max_batch`` images
-are queued, the oldest has waited ``max_wait_ms`` or the engine becomes idle. It takes the largest
+are queued, the oldest has waited ``max_wait_ms`` or the engine becomes idle; on an engine faster than
+:data:`SIDE_BY_SIDE_MIN_S` per image it waits for more than two full batches' images queued and running
+instead of ``max_batch``. It takes the largest
 warmed-up batch size that fits, runs the engine and hands each row back to the loop. Images whose
 request already gave up (deadline, disconnect) are skipped. ``stop(drain=True)`` finishes what is queued.
 Counters for ``/v2/models/{m}/stats`` are kept in ``stats`` (:class:`~.stats.ModelStats`).
@@ -34,6 +36,10 @@ from .tensors import stack
 log = logging.getLogger("irpe.server")
 _REQUESTS = itertools.count(1)
 ENGINE_CALL_WAIT_S = 60.0  # past the drain timeout, how long stop() waits for engine calls already running
+# A second batch runs beside one already running (max_batch images queued) only where the engine takes at least this
+# long per image, or two full batches wait: below it, the event loop that reads and answers every request needs the
+# core more than a second engine call does (docs/design/greedy-batching.md).
+SIDE_BY_SIDE_MIN_S = 0.001
 
 
 class QueueFullError(Exception):
@@ -178,6 +184,7 @@ class Batcher(BatchQueue):
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = 0  # batches in flight
+        self._in_engine = 0  # images in those batches
         self._idle = 0  # inference threads waiting for a queued image
         self._filling = 0  # inference threads waiting to fill a batch while another one runs
         self._per_image_s = 0.0
@@ -234,7 +241,8 @@ class Batcher(BatchQueue):
                 raise QueueFullError(self._retry_after())
             self._queue.extend(items)
             self.metrics.queue_depth.set(len(self._queue))
-            if self._idle or (self._filling and len(self._queue) >= self.max_batch):
+            if (self._idle and (not self._busy or self._slow_engine())) or \
+                    ((self._idle or self._filling) and self._side_by_side()):
                 self._cond.notify()  # one thread that acts on it: waking more costs GIL hand-offs per request
         timer = loop.call_later(timeout, _expire, items) if timeout is not None else None  # no wait_for task
         reason = ""
@@ -252,17 +260,32 @@ class Batcher(BatchQueue):
             for i in items:
                 i.future.cancel()  # no-op when done; marks abandoned items so the thread skips them
 
+    def _slow_engine(self) -> bool:
+        """Whether the engine's recent time per image is at least :data:`SIDE_BY_SIDE_MIN_S` (or not yet known)."""
+        return not self._per_image_s or self._per_image_s >= SIDE_BY_SIDE_MIN_S
+
+    def _side_by_side(self) -> bool:
+        """Whether a batch may start beside one that runs (lock held): ``max_batch`` images are queued, and the
+        engine is slow (:meth:`_slow_engine`) or more than two full batches' images are queued or running. Two
+        batches that hold every request leave the event loop idle until both end; on a fast engine the second
+        one waits, and the loop answers the first while it runs."""
+        queued = len(self._queue)
+        if queued < self.max_batch:
+            return False
+        return self._slow_engine() or queued + self._in_engine > 2 * self.max_batch
+
     def _retry_after(self) -> int:
         return max(1, int(np.ceil(len(self._queue) * max(self._per_image_s, 0.001))))
 
-    def _take(self, finished: bool = False) -> tuple[list[_Item], bool] | None:
+    def _take(self, finished: int = 0) -> tuple[list[_Item], bool] | None:
         """Block until a batch is due: (the batch, whether it runs alone: the engine idle and nothing else
-        queued); None once stopping and empty (other workers may race us). ``finished``: this thread's previous
-        batch is done; it is counted off here, in the same lock hold as the next take, and wakes nobody: this
-        thread takes what is queued itself (see :meth:`_loop`)."""
+        queued); None once stopping and empty (other workers may race us). ``finished``: the images of this
+        thread's previous batch, now done (0: none); it is counted off here, in the same lock hold as the next
+        take, and wakes nobody: this thread takes what is queued itself (see :meth:`_loop`)."""
         with self._cond:
             if finished:
                 self._busy -= 1
+                self._in_engine -= finished
             while True:
                 while not self._queue:
                     if self._stopping:
@@ -282,13 +305,15 @@ class Batcher(BatchQueue):
             self.metrics.queue_depth.set(len(self._queue))
             alone = not self._busy and not self._queue
             self._busy += 1
+            self._in_engine += n
             return batch, alone
 
     def _wait_to_fill(self) -> None:
-        """Wait (lock held) while another batch runs, until max_batch images are queued, the oldest
-        waited max_wait or the engine is idle; with the engine idle, return at once. A batch that ends does
-        not wake this wait: its thread takes what is queued itself."""
-        while self._queue and len(self._queue) < self.max_batch and not self._stopping and self._busy:
+        """Wait (lock held) while another batch runs, until max_batch images are queued (on an engine whose
+        batches run side by side: :meth:`_side_by_side`), the oldest waited max_wait or the engine is idle; with
+        the engine idle, return at once. A batch that ends does not wake this wait: its thread takes what is
+        queued itself."""
+        while self._queue and not self._stopping and self._busy and not self._side_by_side():
             remaining = self._queue[0].enqueued + self.max_wait - time.perf_counter()
             if remaining <= 0:
                 return
@@ -312,7 +337,7 @@ class Batcher(BatchQueue):
         and the engine is not left idle, as it takes at once what is queued when no other batch runs. Waking
         the waiting threads there cost a wake-up and a GIL hand-off per batch for a thread that mostly found
         the images taken (docs/design/greedy-batching.md)."""
-        finished = False
+        finished = 0
         while (taken := self._take(finished)) is not None:
             batch, alone = taken
             try:
@@ -322,9 +347,10 @@ class Batcher(BatchQueue):
             except BaseException:  # this thread ends: the others take over what is queued
                 with self._cond:
                     self._busy -= 1
+                    self._in_engine -= len(batch)
                     self._cond.notify_all()
                 raise
-            finished = True
+            finished = len(batch)
 
     def _infer(self, batch: list[_Item], run: Callable[[np.ndarray], np.ndarray]) -> None:
         start = time.perf_counter()

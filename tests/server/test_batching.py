@@ -161,6 +161,54 @@ def test_the_thread_that_ends_a_batch_takes_the_next_one_without_waking_a_filler
     assert switches[1] == switches[0], switches  # the filler slept through both batch ends
 
 
+class HeldEngine(Recorder):
+    """A :class:`Recorder` whose calls wait while ``hold`` is set (the engine stays busy as long as a test needs)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay=delay)
+        self.hold = threading.Event()
+        self.released = threading.Event()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.sizes.append(len(x))
+        if self.hold.is_set():
+            self.released.wait(30)
+        time.sleep(self.delay)
+        return x * 2
+
+
+@pytest.mark.parametrize(("per_image_s", "beside_at"), [(0.0, 5), (0.01, 4)], ids=["fast-engine", "slow-engine"])
+def test_a_second_batch_runs_beside_a_running_one_only_when_it_pays(per_image_s: float, beside_at: int) -> None:
+    """With a batch of 4 running, 4 queued images start a second batch beside it on an engine that takes 1 ms or
+    more per image; on a faster one they wait for the first to end (the event loop answers it meanwhile) until
+    a fifth image queues. ``beside_at``: the queued images that start the second batch."""
+    engine = HeldEngine(delay=per_image_s)
+    batcher = Batcher(engine, sizes=[1, 2, 4], max_wait_ms=60_000, max_queue=20, workers=2)
+    batcher.start()
+    one = [np.ones(2, np.float32)]
+
+    async def main() -> list[int]:
+        await batcher.submit(one)  # measures the engine's time per image
+        engine.hold.set()
+        running = asyncio.ensure_future(batcher.submit(one * 4))
+        while len(engine.sizes) < 2:
+            await asyncio.sleep(0.005)
+        queued = [asyncio.ensure_future(batcher.submit(one)) for _ in range(beside_at - 1)]
+        await asyncio.sleep(0.3)
+        before = len(engine.sizes)  # no second batch yet
+        queued.append(asyncio.ensure_future(batcher.submit(one)))
+        deadline = time.monotonic() + 10
+        while len(engine.sizes) == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        engine.released.set()
+        await asyncio.wait_for(asyncio.gather(running, *queued), 30)
+        return [before, len(engine.sizes)]
+
+    before, after = asyncio.run(main())
+    batcher.stop()
+    assert before == 2 and after >= 3 and engine.sizes[:3] == [1, 4, 4], (before, engine.sizes)
+
+
 def test_a_batch_alone_runs_on_the_solo_engine_and_others_share() -> None:
     """Only a batch taken with the engine idle and nothing else queued runs ``solo`` (every core); one taken
     beside a running batch, or leaving images behind, runs the shared engine."""
