@@ -70,6 +70,8 @@ class Floor:
         more, chunks = True, []
         while more:
             message = await receive()
+            if message["type"] == "http.disconnect":  # the client left mid-body (perf_analyzer killed): no answer
+                return
             if self.keep_body:
                 chunks.append(message.get("body", b""))
             more = message.get("more_body", False)

@@ -49,3 +49,24 @@ def test_floor_with_the_engine_answers_irpe_serves_logits(tmp_path: Path) -> Non
             assert count == (1 if protocol == "http" else 2)  # the statistics the CPU meter reads
             zeros, _ = _logits(protocol, empty[protocol], "tiny-mean", x)  # the floor without it: all zeros
             assert zeros.shape == (1, 10) and not zeros.any()
+
+
+def test_a_client_that_leaves_mid_body_gets_no_answer_and_no_traceback(tmp_path: Path,
+                                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    """perf_analyzer killed at its memory cap leaves mid-body: the floor drops that request without a traceback
+    in the bench's output, and answers the next one."""
+    import socket
+
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient is in the dev extra")
+    artifact = make_artifact(tmp_path / "a")
+    x = np.random.default_rng(7).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    with irpe_server(artifact, ("--log-level", "warning"), grpc=True) as irpe, \
+            tempfile.TemporaryDirectory() as work, \
+            floor_server(irpe["http"], artifact, work, engine=True) as floor:
+        host, port = floor["http"].split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /v2/models/tiny-mean/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: 2"
+                      b"\r\nContent-Length: 12290\r\n\r\n{}" + bytes(100))
+        answered, count = _logits("http", floor["http"], "tiny-mean", x)
+        assert answered.shape == (1, 10) and count == 1  # the request left mid-body was not counted
+    assert "Traceback" not in capfd.readouterr().err
