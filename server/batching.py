@@ -10,8 +10,8 @@ warmed-up batch size that fits, runs the engine and hands each row back to the l
 request already gave up (deadline, disconnect) are skipped. ``stop(drain=True)`` finishes what is queued.
 Counters for ``/v2/models/{m}/stats`` are kept in ``stats`` (:class:`~.stats.ModelStats`).
 
-:class:`BatchQueue` is the surface the request pipeline sees; :class:`Batcher` (here, in this process) and
-:class:`~.ipc.link.RemoteBatcher` (a queue in the engine process of ``--frontends``) implement it.
+:class:`Batcher` implements :class:`~.batch_queue.BatchQueue`, the surface the request pipeline sees, in this
+process.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import itertools
 import logging
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
+from .batch_queue import BatcherStoppedError, BatchQueue, QueueFullError, Result, settle
 from .metrics import Metrics
 from .stats import BatchPhases, ModelStats
 from .tensors import stack
@@ -42,79 +42,6 @@ ENGINE_CALL_WAIT_S = 60.0  # past the drain timeout, how long stop() waits for e
 SIDE_BY_SIDE_MIN_S = 0.001
 
 
-class QueueFullError(Exception):
-    """The queue cannot take the images now; ``retry_after`` is a hint in seconds."""
-
-    def __init__(self, retry_after: int):
-        super().__init__(f"inference queue is full; retry in {retry_after}s")
-        self.retry_after = retry_after
-
-
-class BatcherStoppedError(Exception):
-    """The batcher is shutting down and takes no new work."""
-
-
-@dataclass
-class Result:
-    """One image's output row and where its time went."""
-
-    logits: np.ndarray
-    queue_s: float
-    inference_s: float
-    batch_size: int
-
-
-class BatchQueue(ABC):
-    """Where a model version's images wait for the engine: what the request pipeline and the hosts use
-    (:class:`Batcher` here, :class:`~.ipc.link.RemoteBatcher` across processes)."""
-
-    max_queue: int
-    stats: ModelStats
-
-    @property
-    @abstractmethod
-    def depth(self) -> int:
-        """Images waiting for inference."""
-
-    @property
-    @abstractmethod
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called."""
-
-    @abstractmethod
-    def alive(self) -> bool:
-        """False once the queue can no longer answer (an inference thread died, the engine process left)."""
-
-    @abstractmethod
-    def start(self) -> None:
-        """Start answering (before the first :meth:`submit`)."""
-
-    @abstractmethod
-    async def submit(self, images: list[np.ndarray], timeout: float | None = None) -> list[Result]:
-        """Queue ``images`` for inference.
-
-        Args:
-            images: preprocessed float32 [3, H, W] arrays, one per image.
-            timeout: seconds the request may still wait (None: no deadline).
-
-        Returns:
-            One result per image, in order.
-
-        Raises:
-            QueueFullError: the queue is full (503 with Retry-After).
-            BatcherStoppedError: the queue stopped (503).
-        """
-
-    @abstractmethod
-    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
-        """Stop taking work.
-
-        Args:
-            drain: run what is queued (else it fails).
-            timeout: seconds to wait for it.
-        """
-
-
 @dataclass
 class _Item:
     image: np.ndarray
@@ -123,22 +50,6 @@ class _Item:
     enqueued: float = field(default_factory=time.perf_counter)
     request: int = 0  # which submit (request) the image belongs to
     first: bool = False  # the request's first image: Triton counts requests, not images
-
-
-def settle(future: asyncio.Future, value: object, error: BaseException | None) -> None:
-    """Resolve a future unless it is already done (call it on the future's own loop).
-
-    Args:
-        future: the future.
-        value: its result.
-        error: its exception instead (None: the result).
-    """
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
 
 
 def _fail_reason(error: BaseException) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from irpe.artifact import ArtifactError, ModelArtifact
 
-from ..batching import BatcherStoppedError, BatchQueue
+from ..batch_queue import BatcherStoppedError, BatchQueue
 from ..config import Settings
 from ..engines.base import EngineInfo
 from ..errors import APIError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from irpe.artifact import ModelArtifact
 
-from ..batching import BatchQueue
+from ..batch_queue import BatchQueue
 from ..engines.base import Engine, EngineInfo
 
 UNLOADED = "unloaded"  # the reason the index shows for a version (or model) unloaded on purpose

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from ..batching import Result
+from ..batch_queue import Result
 from ..errors import APIError
 from ..hosting.host import ModelVersion
 from ..pipeline.service import Service

@@ -4,7 +4,7 @@
 crop size) of which only the numbers cross the socket; the engine's status pushes (the route table a
 :class:`~..hosting.remote.RemoteHost` applies, then acknowledges); and the control and statistics
 round trips. A reader thread resolves each request's future when the engine answers and frees its slots.
-:class:`RemoteBatcher` is one model version's :class:`~..batching.BatchQueue` over the link. If the engine
+:class:`RemoteBatcher` is one model version's :class:`~..batch_queue.BatchQueue` over the link. If the engine
 process goes away, every waiting request gets 503 and the host turns the server unready.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..batching import BatcherStoppedError, BatchQueue, QueueFullError, Result, settle
+from ..batch_queue import BatcherStoppedError, BatchQueue, QueueFullError, Result, settle
 from ..hosting.remote import Channel
 from ..stats import ModelStats
 from . import wire
@@ -251,7 +251,7 @@ class RemoteStats(ModelStats):
 
 
 class RemoteBatcher(BatchQueue):
-    """A :class:`~..batching.BatchQueue` whose queue is the engine process's batcher of one model version."""
+    """A :class:`~..batch_queue.BatchQueue` whose queue is the engine process's batcher of one model version."""
 
     def __init__(self, link: EngineLink, crop: int, route: dict[str, str], max_queue: int):
         self.link = link

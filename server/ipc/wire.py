@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..batching import BatcherStoppedError, QueueFullError, Result
+from ..batch_queue import BatcherStoppedError, QueueFullError, Result
 from ..errors import APIError
 
 _FRAME = struct.Struct("<II")

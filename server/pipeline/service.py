@@ -25,7 +25,7 @@ import numpy as np
 
 from irpe.artifact import ModelArtifact
 
-from ..batching import BatcherStoppedError, QueueFullError, Result
+from ..batch_queue import BatcherStoppedError, QueueFullError, Result
 from ..config import Settings
 from ..errors import APIError, not_ready, timed_out
 from ..hosting.host import NOT_STARTED, ModelHost, ModelVersion

@@ -12,7 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from irpe.server.batching import Batcher, QueueFullError
+from irpe.server.batch_queue import QueueFullError
+from irpe.server.batching import Batcher
 from tests.server.helpers import (
     encode,
     expected_logits,

@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from irpe.server.batching import Batcher, QueueFullError
+from irpe.server.batch_queue import QueueFullError
+from irpe.server.batching import Batcher
 from irpe.server.metrics import triton_exposition
 from tests.server.test_batching import Recorder
 
