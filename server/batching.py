@@ -36,9 +36,10 @@ from .tensors import stack
 log = logging.getLogger("irpe.server")
 _REQUESTS = itertools.count(1)
 ENGINE_CALL_WAIT_S = 60.0  # past the drain timeout, how long stop() waits for engine calls already running
-# A second batch runs beside one already running (max_batch images queued) only where the engine takes at least this
-# long per image, or two full batches wait: below it, the event loop that reads and answers every request needs the
-# core more than a second engine call does (docs/design/greedy-batching.md).
+# A second batch starts beside a running one once max_batch images are queued where the engine takes at least this
+# long per image; on a faster engine, once more than two full batches' images are queued and running: below it, the
+# event loop that reads and answers every request needs the core more than a second engine call does
+# (docs/design/greedy-batching.md).
 SIDE_BY_SIDE_MIN_S = 0.001
 
 
