@@ -6,7 +6,9 @@ what is queued at once. Only while another batch is in flight does it wait, unti
 are queued, the oldest has waited ``max_wait_ms`` or the engine becomes idle; on an engine faster than
 :data:`SIDE_BY_SIDE_MIN_S` per image it waits for more than two full batches' images queued and running
 instead of ``max_batch``. It takes the largest
-warmed-up batch size that fits, runs the engine and hands each row back to the loop. Images whose
+warmed-up batch size that fits, runs the engine and hands each row back to the loop. A batch taken with the
+engine idle and nothing else queued runs on every core (``solo``) where the engine takes at least
+:data:`SIDE_BY_SIDE_MIN_S` per image; on a faster one the event loop keeps the other cores. Images whose
 request already gave up (deadline, disconnect) are skipped. ``stop(drain=True)`` finishes what is queued.
 Counters for ``/v2/models/{m}/stats`` are kept in ``stats`` (:class:`~.stats.ModelStats`).
 
@@ -38,8 +40,8 @@ _REQUESTS = itertools.count(1)
 ENGINE_CALL_WAIT_S = 60.0  # past the drain timeout, how long stop() waits for engine calls already running
 # A second batch starts beside a running one once max_batch images are queued where the engine takes at least this
 # long per image; on a faster engine, once more than two full batches' images are queued and running: below it, the
-# event loop that reads and answers every request needs the core more than a second engine call does
-# (docs/design/greedy-batching.md).
+# event loop that reads and answers every request needs the core more than a second engine call does, or a lone
+# batch's run on every core (docs/design/greedy-batching.md).
 SIDE_BY_SIDE_MIN_S = 0.001
 
 
@@ -86,7 +88,7 @@ class Batcher(BatchQueue):
                  max_queue: int, metrics: Metrics | None = None, workers: int = 1,
                  solo: Callable[[np.ndarray], np.ndarray] | None = None):
         self._run = run
-        self._solo = solo  # for a batch taken while the engine is idle and nothing else waits: every core
+        self._solo = solo  # a batch taken while the engine is idle and nothing else waits, on a slow engine: every core
         self.sizes = sorted(sizes)
         self.max_batch = self.sizes[-1]
         self.max_wait = max_wait_ms / 1000.0
@@ -190,10 +192,11 @@ class Batcher(BatchQueue):
         return max(1, int(np.ceil(len(self._queue) * max(self._per_image_s, 0.001))))
 
     def _take(self, finished: int = 0) -> tuple[list[_Item], bool] | None:
-        """Block until a batch is due: (the batch, whether it runs alone: the engine idle and nothing else
-        queued); None once stopping and empty (other workers may race us). ``finished``: the images of this
-        thread's previous batch, now done (0: none); it is counted off here, in the same lock hold as the next
-        take, and wakes nobody: this thread takes what is queued itself (see :meth:`_loop`)."""
+        """Block until a batch is due: (the batch, whether it runs on every core: taken with the engine idle and
+        nothing else queued, on a slow engine (:meth:`_slow_engine`)); None once stopping and empty (other
+        workers may race us). ``finished``: the images of this thread's previous batch, now done (0: none); it
+        is counted off here, in the same lock hold as the next take, and wakes nobody: this thread takes what is
+        queued itself (see :meth:`_loop`)."""
         with self._cond:
             if finished:
                 self._busy -= 1
@@ -215,10 +218,12 @@ class Batcher(BatchQueue):
             n = max(size for size in self.sizes if size <= len(self._queue))
             batch = [self._queue.popleft() for _ in range(n)]
             self.metrics.queue_depth.set(len(self._queue))
-            alone = not self._busy and not self._queue
+            # a fast engine's lone batch keeps its own core: the event loop, which reads and answers every
+            # request, needs the other one more than the batch does (docs/design/greedy-batching.md)
+            every_core = not self._busy and not self._queue and self._slow_engine()
             self._busy += 1
             self._in_engine += n
-            return batch, alone
+            return batch, every_core
 
     def _wait_to_fill(self) -> None:
         """Wait (lock held) while another batch runs, until max_batch images are queued (on an engine whose
@@ -251,11 +256,11 @@ class Batcher(BatchQueue):
         the images taken (docs/design/greedy-batching.md)."""
         finished = 0
         while (taken := self._take(finished)) is not None:
-            batch, alone = taken
+            batch, every_core = taken
             try:
                 live = [i for i in batch if not i.future.done()]
                 if live:
-                    self._infer(live, self._solo if alone and self._solo is not None else self._run)
+                    self._infer(live, self._solo if every_core and self._solo is not None else self._run)
             except BaseException:  # this thread ends: the others take over what is queued
                 with self._cond:
                     self._busy -= 1

@@ -230,6 +230,22 @@ def test_a_batch_alone_runs_on_the_solo_engine_and_others_share() -> None:
     assert solo.sizes == [1, 1] and shared.sizes == [2, 1], (solo.sizes, shared.sizes)
 
 
+def test_a_batch_alone_on_a_fast_engine_keeps_the_shared_engine() -> None:
+    """On an engine faster than SIDE_BY_SIDE_MIN_S per image a batch taken alone runs the shared engine, leaving
+    the other cores to the event loop; only the first batch, before any time is measured, runs ``solo``."""
+    shared, solo = Recorder(delay=0.0), Recorder(delay=0.0)
+    batcher = Batcher(shared, sizes=[1, 2], max_wait_ms=0, max_queue=20, workers=2, solo=solo)
+    batcher.start()
+
+    async def main() -> None:
+        for _ in range(3):
+            await batcher.submit([np.ones(2, np.float32)])  # each alone, one after the other
+
+    asyncio.run(main())
+    batcher.stop()
+    assert solo.sizes == [1] and shared.sizes == [1, 1], (solo.sizes, shared.sizes)
+
+
 def test_solo_threads_only_when_the_cores_are_split() -> None:
     from irpe.server.config import Settings, usable_cpus
 
