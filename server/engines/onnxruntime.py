@@ -31,8 +31,8 @@ class OrtEngine(Engine):
 
     ``solo_threads`` > ``threads`` (on a CPU whose cores are split between inference threads) adds a second
     session with that many intra-op threads for :meth:`run_solo`: a batch that runs while the engine is
-    otherwise idle gets every core instead of its share (a lone request's latency). The warm-up keeps it
-    only where it is faster (:meth:`keep_solo`)."""
+    otherwise idle gets every core instead of its share (a lone request's latency; the batcher asks for it
+    on a slow engine only). The warm-up keeps it only where it is faster (:meth:`keep_solo`)."""
 
     def __init__(self, onnx_path: Path, artifact: ModelArtifact, *, device: str, threads: int, max_batch: int,
                  solo_threads: int = 0):
